@@ -1,0 +1,173 @@
+// fp8mla: MLA attention over a paged latent cache: plan(), run(), merge_states().
+//
+// For request r with L_r cached tokens and H query heads, each query row q = [q_nope | q_pe]
+// (512 + 64 values) computes
+//     s_j = sm_scale * (q_nope . ckv_j + q_pe . kpe_j)        j over the tokens it sees
+//     o   = sum_j softmax(s)_j * ckv_j                       (512 wide)
+//     lse = log(sum_j exp(s_j))                              (natural log, float32)
+// Dense: request r has qo_len_r = qo_indptr[r+1] - qo_indptr[r] query tokens; with `causal`,
+// query token i sees cache tokens [0, L_r - qo_len_r + i], otherwise all L_r tokens.
+// Sparse (DSA, topk > 0): query token t sees the `topk` global slots sparse_indices[t, :],
+// skipping entries equal to -1.
+// A row that sees no token (kv_len = 0, or all -1) gets o = 0 and lse = -inf.
+//
+// plan() runs on the host once per batch: it copies and validates every index and length and
+// partitions the work (split-KV) for the target. run() only computes: on CUDA it launches
+// kernels without allocating or synchronising, so it may be captured in a CUDA graph.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "fp8mla/cache.h"
+#include "fp8mla/format.h"
+#include "fp8mla/tensor.h"
+
+namespace fp8mla {
+
+inline constexpr int kMaxHeads = 128;
+inline constexpr int kMaxRowsPerTile = 64;  // rows = query tokens x heads handled by one tile
+inline constexpr int kMaxPageSize = 128;
+
+// The batch to plan. Spans are read during plan() only (plan copies what it keeps).
+struct Problem {
+  int num_heads = 0;         // H, 1..128 (heads on this GPU after tensor parallelism)
+  int page_size = 1;         // power of two, 1..128
+  std::int64_t num_pages = 0;  // pages in the pool (bound for kv_indices)
+  KvFormat kv_format = KvFormat::fp8_e4m3;
+  DType q_dtype = DType::bf16;    // bf16 only
+  DType out_dtype = DType::bf16;  // bf16 only
+  bool causal = true;
+  float sm_scale = 0.0f;  // finite, > 0 (1/sqrt(192) etc.; the caller folds YaRN in)
+
+  std::span<const std::int32_t> qo_indptr;   // [batch + 1], 0-based, non-decreasing
+  std::span<const std::int32_t> kv_indptr;   // [batch + 1] offsets into kv_indices (pages)
+  std::span<const std::int32_t> kv_indices;  // [kv_indptr[batch]] page ids in [0, num_pages)
+  std::span<const std::int32_t> kv_len;      // [batch] tokens, <= pages listed * page_size
+
+  // Sparse mode when topk > 0: sparse_indices is [total_q, topk] global slots
+  // (page * page_size + offset) in [0, num_pages * page_size) or -1. kv_indptr / kv_indices /
+  // kv_len may then be empty (they are validated if given).
+  int topk = 0;
+  std::span<const std::int32_t> sparse_indices;
+
+  DeviceKind device = DeviceKind::cpu;  // where run() will compute
+  int device_id = 0;
+};
+
+struct PlanOptions {
+  // Parallel units of the target: 0 = ask the CUDA device (its SM count) or, on the CPU, the
+  // number of threads. The partition depends only on the Problem and these options, so equal
+  // inputs give equal plans on any machine.
+  int sm_count = 0;
+  int ctas_per_sm = 2;           // tiles the planner aims to keep in flight per unit
+  int min_chunk_tokens = 256;    // never split a request's context finer than this
+  int num_threads = 0;           // CPU backend threads; 0 = std::thread::hardware_concurrency()
+  bool cpu_reference = false;    // CPU: run the float64 reference instead of the fast path
+  // CUDA graphs: device buffers get fixed capacities (max_* below, all > 0), so replan() can
+  // rewrite them in place and a captured run() stays valid.
+  bool cuda_graph = false;
+  int max_batch = 0;
+  int max_total_q = 0;
+  std::int64_t max_kv_indices = 0;
+};
+
+// One unit of work: a (request, query-token block, head block, kv range) tile. Public so tests
+// and tools can inspect the partition; kernels consume the same records.
+struct WorkTile {
+  std::int32_t request;
+  std::int32_t q_begin;     // first query token of the tile, relative to the request
+  std::int32_t q_count;     // query tokens in the tile
+  std::int32_t head_begin;  // first head
+  std::int32_t head_count;  // q_count * head_count <= kMaxRowsPerTile
+  std::int32_t kv_begin;    // dense: token range [kv_begin, kv_end) of the request's context;
+  std::int32_t kv_end;      // sparse: range of positions in the token's topk list
+  std::int32_t split;       // chunk index when the request is split, -1 when it writes `out`
+};
+
+namespace detail {
+struct PlanState;
+}
+
+class Plan {
+ public:
+  Plan();
+  ~Plan();
+  Plan(Plan&&) noexcept;
+  Plan& operator=(Plan&&) noexcept;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+
+  int batch() const;
+  int total_q() const;
+  int num_heads() const;
+  int topk() const;
+  KvFormat kv_format() const;
+  DeviceKind device() const;
+  std::span<const WorkTile> tiles() const;
+  // Splits per request (1 = not split) and the number of partial (o, lse) rows in the workspace.
+  std::span<const std::int32_t> num_splits() const;
+  std::int64_t partial_rows() const;
+
+  detail::PlanState& state() const;  // for the backends
+
+ private:
+  friend Plan plan(const Problem&, const PlanOptions&);
+  std::unique_ptr<detail::PlanState> state_;
+};
+
+// Validates `problem` and builds the plan. Errors (all invalid_argument unless noted), each
+// naming the argument, index and bound: num_heads outside 1..128; page_size not a power of two
+// in 1..128; num_pages < 1; dtypes other than bf16; sm_scale not finite or <= 0; qo_indptr /
+// kv_indptr of the wrong length, not starting at 0 or decreasing; kv_indices outside the pool;
+// kv_len < 0 or > pages listed * page_size; causal with qo_len > kv_len (kv_len = 0 with
+// qo_len > 0 is allowed: those rows get o = 0, lse = -inf); sparse indices outside the pool
+// and not -1; topk < 0 or sparse_indices of the wrong size; a cuda_graph plan whose problem
+// exceeds max_*; unsupported (code unsupported) for DeviceKind::cuda without CUDA.
+Plan plan(const Problem& problem, const PlanOptions& options = {});
+
+// Graph mode: re-plan `p` (made with cuda_graph = true) for a new batch in place, keeping its
+// device buffers, so a CUDA graph that captured run(p, ...) replays on the new batch. Same
+// errors as plan(), plus invalid_argument if p is not a graph-mode plan or num_heads, format,
+// page size, topk or device differ from the original. Synchronous on the host (call it
+// outside capture, like FlashInfer's plan).
+void replan(Plan& p, const Problem& problem);
+
+struct RunArgs {
+  TensorView q_nope;  // bf16 [total_q, H, 512], innermost stride 1
+  TensorView q_pe;    // bf16 [total_q, H, 64],  innermost stride 1
+  KvCacheView kv;     // format and page size as planned; num_pages as planned
+  TensorView out;     // bf16 [total_q, H, 512], written completely (and nothing else)
+  TensorView lse;     // optional f32 [total_q, H] (natural log)
+  // Sparse only, optional: i32 [total_q, topk] indices that replace the planned ones (DSA
+  // picks new ones every layer). They are not validated on the host (that would need a sync):
+  // a kernel treats any entry outside [0, num_pages * page_size) like -1.
+  TensorView sparse_indices;
+  void* stream = nullptr;  // cudaStream_t for CUDA plans
+};
+
+// Computes attention for the planned batch. Checks (host side, cheap) that every tensor's
+// dtype, shape, innermost stride and device match the plan and the cache view ("plan/run
+// mismatch" errors name the tensor and both values). A plan's workspace is used by one run at
+// a time: do not run one plan concurrently on two streams.
+void run(const Plan& p, const RunArgs& args);
+
+// Combines partial attention states of the same rows (split-KV, context parallelism):
+//   v:     f32|bf16 [rows, num_states, D]   partial outputs, each normalised by its own sum
+//   s:     f32      [rows, num_states]      their lse (natural log); -inf marks an empty state
+//   v_out: f32|bf16 [rows, D]
+//   s_out: optional f32 [rows]
+// Output per row: weights w_i = exp(s_i - max s), v_out = sum w_i v_i / sum w_i, s_out =
+// max s + log(sum w_i). All-empty rows give v_out = 0, s_out = -inf (never NaN). Strides are
+// free (a states-major [num_states, rows, D] buffer is passed as a permuted view). All tensors
+// on one device; CUDA runs on `stream`.
+void merge_states(const TensorView& v, const TensorView& s, const TensorView& v_out,
+                  const TensorView& s_out, void* stream = nullptr);
+
+// Library build facts.
+bool cuda_available();  // built with CUDA and a device is visible
+const char* version();
+
+}  // namespace fp8mla

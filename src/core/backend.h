@@ -1,0 +1,41 @@
+// Internal: the entry points each backend provides to the host layer. src/cpu implements the
+// cpu_* ones; src/cuda implements the cuda_* ones, or src/core/no_cuda.cpp throws
+// Error(unsupported) for them when the library is built without CUDA.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "fp8mla/attention.h"
+#include "fp8mla/cache.h"
+#include "src/core/plan_state.h"
+
+namespace fp8mla::detail {
+
+// ---- CPU backend (src/cpu) ----
+// Attention for a validated plan and validated arguments. cpu_reference: float64 accumulation,
+// one thread, straight from the definition (ignores the partition). cpu_run: the threaded fast
+// path: runs the planned tiles (float32 accumulation), then merges split requests.
+void cpu_reference(const PlanState& plan, const RunArgs& args);
+void cpu_run(PlanState& plan, const RunArgs& args);
+void cpu_merge_states(const TensorView& v, const TensorView& s, const TensorView& v_out,
+                      const TensorView& s_out);
+
+// ---- CUDA backend (src/cuda) ----
+bool cuda_built() noexcept;           // false in a build without CUDA
+int cuda_device_count() noexcept;     // 0 when none is visible (or not built)
+int cuda_sm_count(int device_id);     // multiprocessors of the device
+void* cuda_malloc(std::size_t bytes, int device_id);  // zero-filled; throws out_of_memory
+void cuda_free(void* ptr) noexcept;
+void cuda_copy_to_host(void* dst, const void* src, std::size_t bytes);    // synchronous
+void cuda_copy_to_device(void* dst, const void* src, std::size_t bytes);  // synchronous
+// Uploads the plan's arrays into plan.cuda (allocating it, or reusing it in graph mode).
+void cuda_upload_plan(PlanState& plan);
+void cuda_run(PlanState& plan, const RunArgs& args);
+void cuda_merge_states(const TensorView& v, const TensorView& s, const TensorView& v_out,
+                       const TensorView& s_out, void* stream);
+// Quantizing append into a device cache: storage is u8 [num_pages, page_size, token_bytes].
+void cuda_append(const CacheConfig& config, void* storage, const TensorView& slots,
+                 const TensorView& ckv, const TensorView& kpe, void* stream);
+
+}  // namespace fp8mla::detail

@@ -1,0 +1,59 @@
+// Internal: what a Plan holds. Shared by the planner (src/core), the CPU backend (src/cpu) and
+// the CUDA backend (src/cuda). Not installed.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "fp8mla/attention.h"
+
+namespace fp8mla::detail {
+
+// Device copies of the plan's arrays and the split-KV workspace (src/cuda/plan_buffers.cu).
+struct CudaPlanBuffers;
+void destroy_cuda_buffers(CudaPlanBuffers* buffers) noexcept;
+struct CudaBuffersDeleter {
+  void operator()(CudaPlanBuffers* b) const noexcept { destroy_cuda_buffers(b); }
+};
+
+struct PlanState {
+  // What was planned (copied from the Problem).
+  int num_heads = 0;
+  int page_size = 1;
+  std::int64_t num_pages = 0;
+  KvFormat kv_format = KvFormat::fp8_e4m3;
+  bool causal = true;
+  float sm_scale = 0.0f;
+  int topk = 0;
+  DeviceKind device = DeviceKind::cpu;
+  int device_id = 0;
+  PlanOptions options;
+  int sm_count = 0;  // resolved target width used by the partition
+
+  int batch = 0;
+  int total_q = 0;
+  std::vector<std::int32_t> qo_indptr;       // [batch + 1]
+  std::vector<std::int32_t> kv_indptr;       // [batch + 1]
+  std::vector<std::int32_t> kv_indices;      // [kv_indptr[batch]]
+  std::vector<std::int32_t> kv_len;          // [batch]
+  std::vector<std::int32_t> sparse_indices;  // [total_q * topk] (sparse only)
+
+  // The partition. Tiles of one request are contiguous in `tiles`, in split order.
+  std::vector<WorkTile> tiles;
+  // Per request: number of kv splits (1 = tiles write `out` directly, split = -1) and, when
+  // split, the first row of its partial block. Partial row of (split s, query token t, head h)
+  // of request r = partial_offset[r] + (s * qo_len_r + t) * num_heads + h.
+  std::vector<std::int32_t> num_splits;      // [batch]
+  std::vector<std::int64_t> partial_offset;  // [batch]
+  std::int64_t partial_rows = 0;
+
+  // CPU workspace for split requests: [partial_rows, 512] and [partial_rows].
+  std::vector<float> partial_o;
+  std::vector<float> partial_lse;
+
+  // CUDA state (device copies + workspace); null for CPU plans.
+  std::unique_ptr<CudaPlanBuffers, CudaBuffersDeleter> cuda;
+};
+
+}  // namespace fp8mla::detail
