@@ -1,0 +1,27 @@
+// `fp8mla bench` on a CUDA device: ceilings, then the decode grid (bench/gpu_bench.cu).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "fp8mla/format.h"
+
+namespace fp8mla::bench {
+
+struct GpuBenchOptions {
+  bool quick = false;              // ~1 minute: fewer cases and repetitions
+  std::vector<int> batches;        // empty = the ANCHORS.md grid
+  std::vector<int> heads;
+  std::vector<int> contexts;
+  std::vector<int> page_sizes;     // empty = {64, 1}
+  std::vector<KvFormat> formats;   // empty = {fp8_e4m3, bf16}
+  bool baselines = true;           // also time cast-whole-pool and gather-then-cast
+  std::string json_path;           // write results here when not empty
+  bool progress = true;            // progress on stderr
+};
+
+// Runs the benchmark and prints a table. Returns 0, or throws fp8mla::Error (unsupported
+// without CUDA or without a device).
+int run_gpu_bench(const GpuBenchOptions& options);
+
+}  // namespace fp8mla::bench
