@@ -72,6 +72,9 @@ struct PlanOptions {
   int max_batch = 0;
   int max_total_q = 0;
   std::int64_t max_kv_indices = 0;
+  // Largest qo_len of any request a graph-mode plan will see (picks the kernel's row block at
+  // capture time); 0 = max_total_q.
+  int max_qo_len = 0;
 };
 
 // One unit of work: a (request, query-token block, head block, kv range) tile. Public so tests

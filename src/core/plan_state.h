@@ -48,6 +48,13 @@ struct PlanState {
   std::vector<std::int64_t> partial_offset;  // [batch]
   std::int64_t partial_rows = 0;
 
+  // Sizes the device buffers must hold (src/core/plan.cpp derives them). Graph mode: bounds for
+  // any problem within options.max_* (so replan() never reallocates); the index arrays' bounds
+  // are options.max_batch + 1, max_kv_indices and max_total_q * topk. Otherwise: the actual
+  // tiles.size() and partial_rows.
+  std::int64_t tile_capacity = 0;
+  std::int64_t partial_rows_capacity = 0;
+
   // CPU workspace for split requests: [partial_rows, 512] and [partial_rows].
   std::vector<float> partial_o;
   std::vector<float> partial_lse;

@@ -1,0 +1,435 @@
+// `fp8mla bench` on a CUDA device. Measures the ceilings first (device copy and streaming read of
+// >= 2 GB, bf16 matmul through cuBLAS when it can be loaded), then the decode grid. Every timed
+// call of a case reads its own region of a pool far larger than L2 (a CUDA graph replays one
+// run() per region), so the figures are HBM figures.
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <cublas_v2.h>
+
+#include "bench/baselines/baselines_cuda.h"
+#include "bench/gpu_bench.h"
+#include "fp8mla/attention.h"
+#include "src/core/backend.h"
+#include "src/core/check.h"
+#include "src/cuda/cuda_util.cuh"
+
+namespace fp8mla::bench {
+namespace {
+
+using detail::msg;
+
+struct Ceilings {
+  double copy_gbs = 0, read_gbs = 0, matmul_tfs = 0;  // matmul 0 = not measured
+};
+
+struct CaseResult {
+  int batch, heads, context, page_size;
+  KvFormat format;
+  std::string strategy;  // native | cast_pool | gather_cast
+  double us = 0, gbs = 0, read_pct = 0, tfs = 0, mm_pct = 0;
+  double check = -1;  // rel L2 of native vs the gather-then-cast output (same inputs)
+};
+
+// Median over `reps` replays of a graph holding `calls` calls; microseconds per call.
+double time_graph(cudaStream_t s, cudaGraphExec_t exec, int calls, int reps) {
+  cudaEvent_t a, b;
+  FP8MLA_CUDA_CHECK(cudaEventCreate(&a));
+  FP8MLA_CUDA_CHECK(cudaEventCreate(&b));
+  FP8MLA_CUDA_CHECK(cudaGraphLaunch(exec, s));  // warm-up
+  std::vector<float> t;
+  for (int i = 0; i < reps; ++i) {
+    FP8MLA_CUDA_CHECK(cudaEventRecord(a, s));
+    FP8MLA_CUDA_CHECK(cudaGraphLaunch(exec, s));
+    FP8MLA_CUDA_CHECK(cudaEventRecord(b, s));
+    FP8MLA_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    FP8MLA_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  std::nth_element(t.begin(), t.begin() + reps / 2, t.end());
+  FP8MLA_CUDA_CHECK(cudaEventDestroy(a));
+  FP8MLA_CUDA_CHECK(cudaEventDestroy(b));
+  return 1e3 * t[reps / 2] / calls;
+}
+
+template <class Body>
+double time_captured(cudaStream_t s, int calls, int reps, Body&& body) {
+  cudaGraph_t g;
+  cudaGraphExec_t exec;
+  FP8MLA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  body();
+  FP8MLA_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  FP8MLA_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+  const double us = time_graph(s, exec, calls, reps);
+  FP8MLA_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  FP8MLA_CUDA_CHECK(cudaGraphDestroy(g));
+  return us;
+}
+
+__global__ void read_kernel(const uint4* p, std::size_t n, std::uint32_t* sink) {
+  std::uint32_t acc = 0;
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const uint4 v = __ldcs(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;  // keeps the loads alive
+}
+
+__global__ void copy_kernel(const uint4* src, uint4* dst, std::size_t n) {
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    __stcs(dst + i, __ldcs(src + i));
+}
+
+__device__ std::uint32_t hash32(std::uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return static_cast<std::uint32_t>(x);
+}
+
+// Random but well-formed tokens: fp8 codes of magnitude 2^-4..2^3 (no NaN), bf16 values in
+// (-2, 2), block scales 2^-2..2^1.
+__global__ void fill_kernel(std::uint8_t* pool, std::int64_t tokens, int format, std::uint64_t seed) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int tb = format == 0 ? 1152 : format == 1 ? 576 : 656;
+  if (i >= tokens * tb / 4) return;
+  const std::int64_t byte = 4 * i, in_tok = byte % tb;
+  const std::uint32_t h = hash32(seed * 0x9e3779b97f4a7c15ull + static_cast<std::uint64_t>(i));
+  std::uint32_t w = 0;
+  const auto bf16 = [&](std::uint32_t r) {
+    const float f = (static_cast<float>(r & 0xffff) / 65536.0f - 0.5f) * 4.0f;
+    return static_cast<std::uint32_t>(__float_as_uint(f) >> 16);
+  };
+  const auto code = [](std::uint32_t r) { return (r & 0x80) | (0x18 + (r % 0x38)); };
+  if (format == 0 || (format == 2 && in_tok >= 528)) {
+    w = bf16(h) | (bf16(h >> 16) << 16);
+  } else if (format == 2 && in_tok >= 512) {
+    w = __float_as_uint(exp2f(static_cast<float>(static_cast<int>(h % 4) - 2)));
+  } else {
+    for (int k = 0; k < 4; ++k) w |= code(h >> (8 * k)) << (8 * k);
+  }
+  reinterpret_cast<std::uint32_t*>(pool)[i] = w;
+}
+
+__global__ void fill_bf16(std::uint16_t* p, std::int64_t n, std::uint64_t seed) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float f = (static_cast<float>(hash32(seed + i) & 0xffff) / 65536.0f - 0.5f) * 4.0f;
+  p[i] = static_cast<std::uint16_t>(__float_as_uint(f) >> 16);
+}
+
+Ceilings measure_ceilings(cudaStream_t s, std::uint8_t* big, std::size_t big_bytes) {
+  Ceilings c;
+  const std::size_t half = std::min<std::size_t>(big_bytes / 2, std::size_t{4} << 30);
+  int sms = 0;
+  FP8MLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  // A copy kernel, not cudaMemcpyAsync: captured in a graph, the latter may run on a copy
+  // engine, which is slower than the SMs and not what a kernel can reach.
+  c.copy_gbs = 2.0 * half / (time_captured(s, 1, 10, [&] {
+                 copy_kernel<<<sms * 8, 512, 0, s>>>(reinterpret_cast<const uint4*>(big),
+                                                     reinterpret_cast<uint4*>(big + half), half / 16);
+               }) * 1e3);
+  std::uint32_t* sink = reinterpret_cast<std::uint32_t*>(big + big_bytes - 64);
+  const std::size_t n = (std::size_t{8} << 30) / 16 < (big_bytes - 64) / 16
+                            ? (std::size_t{8} << 30) / 16 : (big_bytes - 64) / 16;
+  c.read_gbs = 16.0 * n / (time_captured(s, 1, 10, [&] {
+                             read_kernel<<<sms * 8, 512, 0, s>>>(
+                                 reinterpret_cast<const uint4*>(big), n, sink);
+                           }) * 1e3);
+  // bf16 matmul ceiling through cuBLAS, loaded at run time (absent: not measured).
+  void* lib = dlopen("libcublas.so.13", RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) lib = dlopen("libcublas.so", RTLD_NOW | RTLD_LOCAL);
+  if (lib != nullptr) {
+    auto create = reinterpret_cast<decltype(&cublasCreate_v2)>(dlsym(lib, "cublasCreate_v2"));
+    auto set_stream = reinterpret_cast<decltype(&cublasSetStream_v2)>(dlsym(lib, "cublasSetStream_v2"));
+    using GemmEx = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int,
+                                      int, int, const void*, const void*, cudaDataType, int,
+                                      const void*, cudaDataType, int, const void*, void*,
+                                      cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+    auto gemm = reinterpret_cast<GemmEx>(dlsym(lib, "cublasGemmEx"));
+    auto destroy = reinterpret_cast<decltype(&cublasDestroy_v2)>(dlsym(lib, "cublasDestroy_v2"));
+    cublasHandle_t h = nullptr;
+    if (create && set_stream && gemm && destroy && create(&h) == CUBLAS_STATUS_SUCCESS) {
+      const int m = 8192;
+      const std::size_t mat = std::size_t{2} * m * m;
+      fill_bf16<<<static_cast<unsigned>((3 * mat / 2 + 255) / 256), 256, 0, s>>>(
+          reinterpret_cast<std::uint16_t*>(big), static_cast<std::int64_t>(3 * mat / 2), 7);
+      set_stream(h, s);
+      const float one = 1.0f, zero = 0.0f;
+      bool ok = true;
+      const double us = time_captured(s, 1, 10, [&] {
+        ok = gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, m, m, m, &one, big, CUDA_R_16BF, m, big + mat,
+                  CUDA_R_16BF, m, &zero, big + 2 * mat, CUDA_R_16BF, m, CUBLAS_COMPUTE_32F,
+                  CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+      });
+      if (ok) c.matmul_tfs = 2.0 * m * double(m) * m / (us * 1e6);
+      destroy(h);
+    }
+  }
+  return c;
+}
+
+const char* strategy_label(const std::string& s) { return s.c_str(); }
+
+// One (batch, heads, context, page size, format) case: native, and for fp8 the two baselines.
+struct CaseRunner {
+  cudaStream_t s;
+  std::uint8_t* pool;
+  std::size_t pool_bytes;
+  std::uint8_t* scratch;  // bf16 caches of the baselines
+  std::size_t scratch_bytes;
+  const Ceilings& ceil;
+  bool baselines;
+  bool quick;
+
+  KvCacheView view(std::uint8_t* base, KvFormat f, std::int64_t pages, int ps) const {
+    KvCacheView v;
+    v.format = f;
+    const std::int64_t tb = token_bytes(f);
+    if (f == KvFormat::fp8_e4m3_block) {
+      v.ckv = make_strided_view(base, DType::u8, {pages, ps, tb}, {ps * tb, tb, 1}, DeviceKind::cuda);
+      return v;
+    }
+    const DType dt = f == KvFormat::bf16 ? DType::bf16 : DType::fp8_e4m3;
+    const std::int64_t e = f == KvFormat::bf16 ? 2 : 1, t = tb / e;
+    v.ckv = make_strided_view(base, dt, {pages, ps, 512}, {ps * t, t, 1}, DeviceKind::cuda);
+    v.kpe = make_strided_view(base + 512 * e, dt, {pages, ps, 64}, {ps * t, t, 1}, DeviceKind::cuda);
+    return v;
+  }
+
+  std::vector<CaseResult> run(int bs, int heads, int ctx, int ps, KvFormat f) {
+    const std::int64_t tb = token_bytes(f);
+    const std::int64_t pool_pages = static_cast<std::int64_t>(pool_bytes / (tb * ps));
+    const std::int64_t per_req = (ctx + ps - 1) / ps, per_call = per_req * bs;
+    const int variants = static_cast<int>(std::clamp<std::int64_t>(pool_pages / per_call, 1, 16));
+    if (pool_pages < per_call) throw Error(ErrorCode::invalid_argument, "bench", "pool too small");
+    std::mt19937_64 rng(static_cast<std::uint64_t>(bs * 131 + heads * 17 + ctx + ps));
+    // Page tables: variant v reads region v of the pool, pages in random order.
+    std::vector<std::vector<std::int32_t>> indices(variants);
+    for (int v = 0; v < variants; ++v) {
+      indices[v].resize(static_cast<std::size_t>(per_call));
+      std::iota(indices[v].begin(), indices[v].end(), static_cast<std::int32_t>(v * per_call));
+      std::shuffle(indices[v].begin(), indices[v].end(), rng);
+    }
+    std::vector<std::int32_t> qo(bs + 1), kvp(bs + 1), len(bs, ctx);
+    for (int r = 0; r <= bs; ++r) qo[r] = r, kvp[r] = static_cast<std::int32_t>(r * per_req);
+    const float sm_scale = 1.0f / std::sqrt(192.0f);
+    auto make_plan = [&](const std::vector<std::int32_t>& idx, KvFormat fmt, std::int64_t pages) {
+      Problem p;
+      p.num_heads = heads;
+      p.page_size = ps;
+      p.num_pages = pages;
+      p.kv_format = fmt;
+      p.causal = false;
+      p.sm_scale = sm_scale;
+      p.qo_indptr = qo;
+      p.kv_indptr = kvp;
+      p.kv_indices = idx;
+      p.kv_len = len;
+      p.device = DeviceKind::cuda;
+      return plan(p);
+    };
+    std::vector<Plan> plans;
+    for (int v = 0; v < variants; ++v) plans.push_back(make_plan(indices[v], f, pool_pages));
+
+    // q [bs, H, 576] and outputs live at the end of scratch.
+    const std::int64_t q_elems = static_cast<std::int64_t>(bs) * heads * 576;
+    const std::int64_t o_elems = static_cast<std::int64_t>(bs) * heads * 512;
+    auto* q = reinterpret_cast<std::uint16_t*>(scratch + scratch_bytes) - q_elems;
+    auto* out = q - o_elems;
+    auto* out_ref = out - o_elems;
+    auto* lse = reinterpret_cast<float*>(out_ref) - static_cast<std::int64_t>(bs) * heads - 64;
+    std::uint8_t* bf16_area = scratch;
+    const std::size_t bf16_bytes = static_cast<std::size_t>(reinterpret_cast<std::uint8_t*>(lse) - scratch) & ~std::size_t{255};
+    fill_bf16<<<static_cast<unsigned>((q_elems + 255) / 256), 256, 0, s>>>(q, q_elems, 3);
+    FP8MLA_CUDA_CHECK_LAUNCH("fill_bf16");
+    RunArgs args;
+    args.q_nope = make_strided_view(q, DType::bf16, {bs, heads, 512}, {heads * 576, 576, 1}, DeviceKind::cuda);
+    args.q_pe = make_strided_view(q + 512, DType::bf16, {bs, heads, 64}, {heads * 576, 576, 1}, DeviceKind::cuda);
+    args.out = make_view(out, DType::bf16, {bs, heads, 512}, DeviceKind::cuda);
+    args.lse = make_view(lse, DType::f32, {bs, heads}, DeviceKind::cuda);
+    args.kv = view(pool, f, pool_pages, ps);
+    args.stream = s;
+
+    const std::int64_t active = static_cast<std::int64_t>(bs) * ctx;
+    const double bytes = static_cast<double>(active) * static_cast<double>(tb);
+    const double flops = 2.0 * active * heads * (576.0 + 512.0);
+    const int reps = quick ? 5 : 15;
+    std::vector<CaseResult> results;
+    auto record = [&](const std::string& strategy, double us) {
+      CaseResult r{bs, heads, ctx, ps, f, strategy, us};
+      r.gbs = bytes / (us * 1e3);
+      r.read_pct = 100.0 * r.gbs / ceil.read_gbs;
+      r.tfs = flops / (us * 1e6);
+      r.mm_pct = ceil.matmul_tfs > 0 ? 100.0 * r.tfs / ceil.matmul_tfs : 0;
+      results.push_back(r);
+    };
+    record("native", time_captured(s, variants, reps, [&] {
+             for (int v = 0; v < variants; ++v) fp8mla::run(plans[v], args);
+           }));
+    if (!baselines || f == KvFormat::bf16) return results;
+
+    // Baselines on region 0: (1) cast a story-sized pool (>= 495,040 tokens and >= the active
+    // pages) to bf16, then bf16 attention; (2) gather the active pages, cast, bf16 attention.
+    const std::int64_t cast_pages =
+        std::min<std::int64_t>(pool_pages, std::max<std::int64_t>(per_call, (495040 + ps - 1) / ps));
+    if (static_cast<std::size_t>(cast_pages * ps * 1152) > bf16_bytes) return results;
+    KvCacheView src = view(pool, f, cast_pages, ps);
+    KvCacheView dst = view(bf16_area, KvFormat::bf16, cast_pages, ps);
+    Plan cast_plan = make_plan(indices[0], KvFormat::bf16, cast_pages);
+    RunArgs bargs = args;
+    bargs.kv = dst;
+    bargs.out = make_view(out_ref, DType::bf16, {bs, heads, 512}, DeviceKind::cuda);
+    record("cast_pool", time_captured(s, 1, reps, [&] {
+             baselines::cuda_cast_pool_to_bf16(src, dst, s);
+             fp8mla::run(cast_plan, bargs);
+           }));
+    std::vector<std::int32_t> identity(static_cast<std::size_t>(per_call));
+    std::iota(identity.begin(), identity.end(), 0);
+    Plan gather_plan = make_plan(identity, KvFormat::bf16, per_call);
+    auto* d_pages = static_cast<std::int32_t*>(detail::cuda_malloc(per_call * 4, 0));
+    detail::cuda_copy_to_device(d_pages, indices[0].data(), static_cast<std::size_t>(per_call) * 4);
+    KvCacheView gdst = view(bf16_area, KvFormat::bf16, per_call, ps);
+    bargs.kv = gdst;
+    record("gather_cast", time_captured(s, 1, reps, [&] {
+             baselines::cuda_gather_cast_to_bf16(view(pool, f, pool_pages, ps), d_pages, per_call, gdst, s);
+             fp8mla::run(gather_plan, bargs);
+           }));
+    detail::cuda_free(d_pages);
+    // Same inputs, same answers: native (region 0) against gather-then-cast.
+    fp8mla::run(plans[0], args);
+    FP8MLA_CUDA_CHECK(cudaStreamSynchronize(s));
+    std::vector<std::uint16_t> a(static_cast<std::size_t>(o_elems)), b(a.size());
+    detail::cuda_copy_to_host(a.data(), out, a.size() * 2);
+    detail::cuda_copy_to_host(b.data(), out_ref, b.size() * 2);
+    double num = 0, den = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      const double x = bf16_to_float(a[i]), y = bf16_to_float(b[i]);
+      num += (x - y) * (x - y);
+      den += y * y;
+    }
+    const double rel = den > 0 ? std::sqrt(num / den) : (num > 0 ? INFINITY : 0.0);
+    for (CaseResult& r : results) r.check = rel;
+    return results;
+  }
+};
+
+void write_json(const std::string& path, const Ceilings& c, const std::vector<CaseResult>& rs) {
+  std::ofstream f(path);
+  if (!f) throw Error(ErrorCode::invalid_argument, "--json", "cannot write " + path);
+  f << "{\n  \"device\": \"" << [] {
+    cudaDeviceProp p{};
+    (void)cudaGetDeviceProperties(&p, 0);
+    return std::string(p.name);
+  }() << "\",\n";
+  f << "  \"ceilings\": {\"copy_gbs\": " << c.copy_gbs << ", \"read_gbs\": " << c.read_gbs
+    << ", \"matmul_bf16_tfs\": " << c.matmul_tfs << "},\n  \"cases\": [\n";
+  for (std::size_t i = 0; i < rs.size(); ++i) {
+    const CaseResult& r = rs[i];
+    f << "    {\"batch\": " << r.batch << ", \"heads\": " << r.heads << ", \"context\": " << r.context
+      << ", \"page_size\": " << r.page_size << ", \"format\": \"" << format_name(r.format)
+      << "\", \"strategy\": \"" << r.strategy << "\", \"us\": " << r.us << ", \"gbs\": " << r.gbs
+      << ", \"read_pct\": " << r.read_pct << ", \"tfs\": " << r.tfs << ", \"matmul_pct\": " << r.mm_pct
+      << ", \"check_rel_l2\": " << r.check << "}" << (i + 1 < rs.size() ? "," : "") << "\n";
+  }
+  f << "  ]\n}\n";
+}
+
+}  // namespace
+
+int run_gpu_bench(const GpuBenchOptions& o) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    (void)cudaGetLastError();
+    throw Error(ErrorCode::unsupported, "bench", "no CUDA device is visible");
+  }
+  FP8MLA_CUDA_CHECK(cudaSetDevice(0));
+  cudaStream_t s;
+  FP8MLA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  // One pool buffer (16 GB, or a quarter of free memory) plus scratch for the bf16 baselines.
+  std::size_t free_b = 0, total_b = 0;
+  FP8MLA_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  const std::size_t pool_bytes = std::min<std::size_t>(std::size_t{16} << 30, free_b / 4);
+  const std::size_t scratch_bytes = std::min<std::size_t>(std::size_t{8} << 30, free_b / 8);
+  auto* pool = static_cast<std::uint8_t*>(detail::cuda_malloc(pool_bytes, 0));
+  auto* scratch = static_cast<std::uint8_t*>(detail::cuda_malloc(scratch_bytes, 0));
+
+  const Ceilings ceil = measure_ceilings(s, pool, pool_bytes);
+  std::printf("ceilings: device copy %.0f GB/s (read+write), streaming read %.0f GB/s, bf16 matmul %s\n",
+              ceil.copy_gbs, ceil.read_gbs,
+              ceil.matmul_tfs > 0 ? msg(static_cast<int>(ceil.matmul_tfs), " TF/s").c_str()
+                                  : "not measured (libcublas not found)");
+
+  struct Shape {
+    int bs, heads, ctx;
+  };
+  std::vector<Shape> shapes;
+  const std::vector<int> heads = o.heads.empty() ? std::vector<int>{8, 16, 128} : o.heads;
+  if (!o.batches.empty() || !o.contexts.empty()) {
+    for (int b : o.batches.empty() ? std::vector<int>{1, 16, 64, 128} : o.batches)
+      for (int h : heads)
+        for (int c : o.contexts.empty() ? std::vector<int>{4096} : o.contexts) shapes.push_back({b, h, c});
+  } else {
+    for (int h : heads) {
+      for (int c : o.quick ? std::vector<int>{4096, 131072} : std::vector<int>{4096, 32768, 131072})
+        shapes.push_back({1, h, c});
+      if (!o.quick) shapes.push_back({16, h, 4096});
+      shapes.push_back({64, h, 4096});
+      shapes.push_back({128, h, 8192});
+    }
+  }
+  const std::vector<int> pss = o.page_sizes.empty() ? std::vector<int>{64, 1} : o.page_sizes;
+  const std::vector<KvFormat> fmts =
+      o.formats.empty() ? std::vector<KvFormat>{KvFormat::fp8_e4m3, KvFormat::bf16} : o.formats;
+  CaseRunner runner{s, pool, pool_bytes, scratch, scratch_bytes, ceil, o.baselines, o.quick};
+  std::vector<CaseResult> all;
+  int done = 0;
+  const int total = static_cast<int>(shapes.size() * pss.size() * fmts.size());
+  KvFormat filled = KvFormat::bf16;
+  bool any = false;
+  for (KvFormat f : fmts) {
+    const std::int64_t tokens = static_cast<std::int64_t>(pool_bytes / token_bytes(f));
+    if (!any || filled != f) {
+      const std::int64_t words = tokens * token_bytes(f) / 4;
+      fill_kernel<<<static_cast<unsigned>((words + 255) / 256), 256, 0, s>>>(
+          pool, tokens, static_cast<int>(f), 12345);
+      FP8MLA_CUDA_CHECK_LAUNCH("fill_kernel");
+      filled = f;
+      any = true;
+    }
+    for (int ps : pss)
+      for (const Shape& sh : shapes) {
+        if (o.progress)
+          std::fprintf(stderr, "[%d/%d] bs=%d heads=%d ctx=%d page=%d %s\n", ++done, total, sh.bs,
+                       sh.heads, sh.ctx, ps, format_name(f));
+        for (CaseResult& r : runner.run(sh.bs, sh.heads, sh.ctx, ps, f)) all.push_back(r);
+      }
+  }
+  std::printf("\n%-4s %-5s %-7s %-4s %-9s %-12s %9s %8s %7s %8s %7s %9s\n", "bs", "heads", "ctx",
+              "page", "format", "strategy", "us", "GB/s", "%read", "TF/s", "%mm", "check");
+  for (const CaseResult& r : all) {
+    std::printf("%-4d %-5d %-7d %-4d %-9s %-12s %9.1f %8.0f %6.1f%% %8.1f %6.1f%% %9s\n", r.batch,
+                r.heads, r.context, r.page_size,
+                r.format == KvFormat::fp8_e4m3 ? "fp8" : format_name(r.format),
+                strategy_label(r.strategy), r.us, r.gbs, r.read_pct, r.tfs, r.mm_pct,
+                r.check < 0 ? "-" : msg(r.check).substr(0, 8).c_str());
+  }
+  if (!o.json_path.empty()) write_json(o.json_path, ceil, all);
+  detail::cuda_free(pool);
+  detail::cuda_free(scratch);
+  FP8MLA_CUDA_CHECK(cudaStreamDestroy(s));
+  return 0;
+}
+
+}  // namespace fp8mla::bench

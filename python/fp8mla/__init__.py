@@ -1,0 +1,76 @@
+"""fp8mla: MLA (Multi-head Latent Attention) decode over a paged FP8 latent KV cache.
+
+High level (FlashInfer-compatible):
+    BatchMLAPagedAttentionWrapper   plan() once per batch, run() per layer (LSE base 2)
+
+Low level (one to one with the C++ API, LSE natural log):
+    plan, replan, run, merge_states, PagedLatentCache, append_kv
+    KvFormat, token_bytes, cuda_available, version
+    codecs: fp8_e4m3_encode/decode, bf16_encode/decode, encode_token(s)/decode_token(s)
+
+Arrays: numpy (CPU backend) or torch/cupy tensors (CPU or CUDA) through DLPack. bf16 data may
+be torch.bfloat16, ml_dtypes.bfloat16 or uint16 bits; FP8 data torch.float8_e4m3fn or uint8.
+Bad input raises ValueError naming the argument; other failures raise RuntimeError. torch is
+optional and imported only when torch tensors are passed (fp8mla.torch_ops registers the
+custom op fp8mla::mla_decode).
+"""
+
+from .api import (
+    DIM_CKV,
+    DIM_KPE,
+    DIM_QK,
+    MAX_HEADS,
+    MAX_PAGE_SIZE,
+    KvFormat,
+    PagedLatentCache,
+    Plan,
+    append_kv,
+    as_format,
+    bf16_decode,
+    bf16_encode,
+    cuda_available,
+    decode_token,
+    decode_tokens,
+    encode_token,
+    encode_tokens,
+    fp8_e4m3_decode,
+    fp8_e4m3_encode,
+    merge_states,
+    plan,
+    replan,
+    run,
+    token_bytes,
+    version,
+)
+from .wrapper import BatchMLAPagedAttentionWrapper
+
+__version__ = version()
+
+__all__ = [
+    "BatchMLAPagedAttentionWrapper",
+    "DIM_CKV",
+    "DIM_KPE",
+    "DIM_QK",
+    "KvFormat",
+    "MAX_HEADS",
+    "MAX_PAGE_SIZE",
+    "PagedLatentCache",
+    "Plan",
+    "append_kv",
+    "as_format",
+    "bf16_decode",
+    "bf16_encode",
+    "cuda_available",
+    "decode_token",
+    "decode_tokens",
+    "encode_token",
+    "encode_tokens",
+    "fp8_e4m3_decode",
+    "fp8_e4m3_encode",
+    "merge_states",
+    "plan",
+    "replan",
+    "run",
+    "token_bytes",
+    "version",
+]

@@ -1,0 +1,510 @@
+// fp8mla._fp8mla: the nanobind module over the C++ API (include/fp8mla/*.h).
+//
+// Tensors come in through DLPack (nb::ndarray without constraints: numpy on the CPU, torch or
+// cupy on CUDA) and become fp8mla::TensorView with element strides and the array's device. This
+// layer checks only what DLPack itself can get wrong (unknown dtype or device, more than 4 dims);
+// shapes, strides and dtypes per argument are the library's checks, so messages are the same in
+// C++ and Python. fp8mla::Error becomes ValueError (ErrorCode::invalid_argument) or RuntimeError
+// (everything else) with the same message. plan(), run(), merge_states() and append() release
+// the GIL while the library works. The Python package (fp8mla/*.py) allocates outputs and maps
+// framework dtypes (torch.float8_e4m3fn, ml_dtypes.bfloat16) before calling in here.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "fp8mla/attention.h"
+#include "fp8mla/cache.h"
+#include "fp8mla/error.h"
+#include "fp8mla/format.h"
+#include "fp8mla/tensor.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+using fp8mla::DeviceKind;
+using fp8mla::DType;
+using fp8mla::Error;
+using fp8mla::ErrorCode;
+using fp8mla::KvFormat;
+using fp8mla::NanPolicy;
+using fp8mla::TensorView;
+
+using ArrayRo = nb::ndarray<nb::ro>;  // any framework, dtype, device; read-only is fine
+using ArrayRw = nb::ndarray<>;        // must be writable (outputs)
+
+[[noreturn]] void bad(const std::string& argument, const std::string& message) {
+  throw Error(ErrorCode::invalid_argument, argument, message);
+}
+
+// DLPack dtype -> library dtype. uint16 is taken as bf16 bits (numpy has no bfloat16).
+DType map_dtype(nb::dlpack::dtype dt, const std::string& name) {
+  using Code = nb::dlpack::dtype_code;
+  const auto code = static_cast<Code>(dt.code);
+  if (dt.lanes == 1) {
+    if (code == Code::UInt && dt.bits == 8) return DType::u8;
+    if (code == Code::UInt && dt.bits == 16) return DType::bf16;
+    if (code == Code::Int && dt.bits == 32) return DType::i32;
+    if (code == Code::Float && dt.bits == 32) return DType::f32;
+    if (code == Code::Float && dt.bits == 16) return DType::f16;
+    if (code == Code::Bfloat && dt.bits == 16) return DType::bf16;
+    if (code == Code::Float8_E4M3FN && dt.bits == 8) return DType::fp8_e4m3;
+  }
+  bad(name + ".dtype", "unsupported DLPack dtype (code " + std::to_string(dt.code) + ", " +
+                           std::to_string(dt.bits) + " bits, " + std::to_string(dt.lanes) +
+                           " lanes); expected one of uint8, uint16 (bf16 bits), int32, float32, "
+                           "float16, bfloat16, float8_e4m3fn");
+}
+
+// DLPack device -> library device. Pinned host memory counts as host memory.
+DeviceKind map_device(int device_type, const std::string& name) {
+  if (device_type == nb::device::cpu::value || device_type == nb::device::cuda_host::value)
+    return DeviceKind::cpu;
+  if (device_type == nb::device::cuda::value || device_type == nb::device::cuda_managed::value)
+    return DeviceKind::cuda;
+  bad(name + ".device", "unsupported DLPack device type " + std::to_string(device_type) +
+                            "; expected CPU or CUDA memory");
+}
+
+template <class Array>
+TensorView view_of(const Array& a, const std::string& name) {
+  if (a.ndim() > static_cast<std::size_t>(fp8mla::kMaxDims))
+    bad(name + ".ndim", "at most " + std::to_string(fp8mla::kMaxDims) + " dimensions, got " +
+                            std::to_string(a.ndim()));
+  TensorView v;
+  v.data = const_cast<void*>(static_cast<const void*>(a.data()));
+  v.dtype = map_dtype(a.dtype(), name);
+  v.ndim = static_cast<int>(a.ndim());
+  for (std::size_t i = 0; i < a.ndim(); ++i) {
+    v.shape[i] = static_cast<std::int64_t>(a.shape(i));
+    v.stride[i] = a.stride(i);
+  }
+  v.device = map_device(a.device_type(), name);
+  v.device_id = a.device_id();
+  return v;
+}
+
+// Converts Python arguments to views and keeps the imported arrays alive until the call ends
+// (the views point into them). None gives an undefined view.
+class Args {
+ public:
+  TensorView in(const nb::handle& obj, const std::string& name) {
+    if (obj.is_none()) return {};
+    ArrayRo a;
+    if (!nb::try_cast(obj, a, false))
+      throw nb::type_error((name + ": expected an array or tensor with DLPack support (numpy, "
+                                   "torch, cupy), got " +
+                            std::string(nb::type_name(obj.type()).c_str()))
+                               .c_str());
+    ro_.push_back(a);
+    return view_of(ro_.back(), name);
+  }
+  TensorView out(const nb::handle& obj, const std::string& name) {
+    if (obj.is_none()) return {};
+    ArrayRw a;
+    if (!nb::try_cast(obj, a, false))
+      throw nb::type_error((name + ": expected a writable array or tensor with DLPack support "
+                                   "(numpy, torch, cupy), got " +
+                            std::string(nb::type_name(obj.type()).c_str()))
+                               .c_str());
+    rw_.push_back(a);
+    return view_of(rw_.back(), name);
+  }
+
+ private:
+  std::vector<ArrayRo> ro_;
+  std::vector<ArrayRw> rw_;
+};
+
+// A host, contiguous array of `dtype` read as a flat span (None gives an empty span).
+template <class T>
+std::span<T> host_span(const TensorView& v, const std::string& name, DType dtype) {
+  if (!v.defined()) return {};
+  if (v.dtype != dtype)
+    bad(name + ".dtype", std::string("expected ") + fp8mla::dtype_name(dtype) + ", got " +
+                             fp8mla::dtype_name(v.dtype));
+  if (v.device != DeviceKind::cpu)
+    bad(name + ".device", "expected a host (CPU) array, got " + v.describe());
+  if (!v.is_contiguous()) bad(name, "expected a contiguous array, got " + v.describe());
+  return {static_cast<T*>(v.data), static_cast<std::size_t>(v.numel())};
+}
+
+DeviceKind parse_device(const std::string& device) {
+  if (device == "cpu") return DeviceKind::cpu;
+  if (device == "cuda") return DeviceKind::cuda;
+  bad("device", "expected \"cpu\" or \"cuda\", got \"" + device + "\"");
+}
+
+// Everything a Problem refers to, kept alive for the duration of plan()/replan().
+struct ProblemArgs {
+  Args keep;
+  fp8mla::Problem problem;
+};
+
+void fill_problem(ProblemArgs& pa, nb::handle qo_indptr, nb::handle kv_indptr,
+                  nb::handle kv_indices, nb::handle kv_len, int num_heads, int page_size,
+                  std::int64_t num_pages, KvFormat kv_format, bool causal, float sm_scale,
+                  int topk, nb::handle sparse_indices, const std::string& device,
+                  int device_id) {
+  fp8mla::Problem& p = pa.problem;
+  p.num_heads = num_heads;
+  p.page_size = page_size;
+  p.num_pages = num_pages;
+  p.kv_format = kv_format;
+  p.causal = causal;
+  p.sm_scale = sm_scale;
+  p.topk = topk;
+  p.device = parse_device(device);
+  p.device_id = device_id;
+  p.qo_indptr = host_span<const std::int32_t>(pa.keep.in(qo_indptr, "qo_indptr"), "qo_indptr",
+                                              DType::i32);
+  p.kv_indptr = host_span<const std::int32_t>(pa.keep.in(kv_indptr, "kv_indptr"), "kv_indptr",
+                                              DType::i32);
+  p.kv_indices = host_span<const std::int32_t>(pa.keep.in(kv_indices, "kv_indices"),
+                                               "kv_indices", DType::i32);
+  p.kv_len = host_span<const std::int32_t>(pa.keep.in(kv_len, "kv_len"), "kv_len", DType::i32);
+  p.sparse_indices = host_span<const std::int32_t>(
+      pa.keep.in(sparse_indices, "sparse_indices"), "sparse_indices", DType::i32);
+}
+
+void translate_error(const std::exception_ptr& e, void*) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error& err) {
+    PyErr_SetString(err.code() == ErrorCode::invalid_argument ? PyExc_ValueError
+                                                              : PyExc_RuntimeError,
+                    err.what());
+  }
+}
+
+void* as_stream(std::uintptr_t stream) { return reinterpret_cast<void*>(stream); }
+
+NanPolicy parse_nan(const std::string& nan) {
+  if (nan == "propagate") return NanPolicy::propagate;
+  if (nan == "error") return NanPolicy::error;
+  bad("nan", "expected \"propagate\" or \"error\", got \"" + nan + "\"");
+}
+
+}  // namespace
+
+NB_MODULE(_fp8mla, m) {
+  m.doc() = "fp8mla native module (use the fp8mla package, not this module directly)";
+  nb::register_exception_translator(&translate_error);
+
+  m.attr("DIM_CKV") = fp8mla::kDimCkv;
+  m.attr("DIM_KPE") = fp8mla::kDimKpe;
+  m.attr("MAX_HEADS") = fp8mla::kMaxHeads;
+  m.attr("MAX_PAGE_SIZE") = fp8mla::kMaxPageSize;
+
+  nb::enum_<KvFormat>(m, "KvFormat", "Latent KV cache formats (see include/fp8mla/format.h).")
+      .value("bf16", KvFormat::bf16, "576 x bf16 per token (1152 bytes)")
+      .value("fp8_e4m3", KvFormat::fp8_e4m3,
+             "576 x e4m3fn per token (576 bytes), one float scale per cache")
+      .value("fp8_e4m3_block", KvFormat::fp8_e4m3_block,
+             "512 e4m3 + 4 float32 scales + 64 bf16 per token (656 bytes)");
+
+  m.def("version", [] { return std::string(fp8mla::version()); });
+  m.def("cuda_available", &fp8mla::cuda_available);
+  m.def("format_name", [](KvFormat f) { return std::string(fp8mla::format_name(f)); });
+  m.def("parse_format", [](const std::string& s) { return fp8mla::parse_format(s); }, "name"_a);
+  m.def("token_bytes", [](KvFormat f) { return fp8mla::token_bytes(f); }, "format"_a);
+
+  // ---- Plan ----
+  nb::class_<fp8mla::Plan>(m, "Plan",
+                           "A validated, partitioned batch (made by fp8mla.plan(); opaque).")
+      .def_prop_ro("batch", &fp8mla::Plan::batch)
+      .def_prop_ro("total_q", &fp8mla::Plan::total_q)
+      .def_prop_ro("num_heads", &fp8mla::Plan::num_heads)
+      .def_prop_ro("topk", &fp8mla::Plan::topk)
+      .def_prop_ro("kv_format", &fp8mla::Plan::kv_format)
+      .def_prop_ro("device",
+                   [](const fp8mla::Plan& p) { return std::string(fp8mla::device_name(p.device())); })
+      .def_prop_ro("partial_rows", &fp8mla::Plan::partial_rows)
+      .def_prop_ro("num_splits",
+                   [](const fp8mla::Plan& p) {
+                     auto s = p.num_splits();
+                     return std::vector<std::int32_t>(s.begin(), s.end());
+                   })
+      .def_prop_ro(
+          "tiles",
+          [](const fp8mla::Plan& p) {
+            using Tile = std::tuple<int, int, int, int, int, int, int, int>;
+            std::vector<Tile> out;
+            for (const fp8mla::WorkTile& t : p.tiles())
+              out.emplace_back(t.request, t.q_begin, t.q_count, t.head_begin, t.head_count,
+                               t.kv_begin, t.kv_end, t.split);
+            return out;
+          },
+          "(request, q_begin, q_count, head_begin, head_count, kv_begin, kv_end, split) per tile")
+      .def("__repr__", [](const fp8mla::Plan& p) {
+        return "fp8mla.Plan(batch=" + std::to_string(p.batch()) +
+               ", total_q=" + std::to_string(p.total_q()) +
+               ", num_heads=" + std::to_string(p.num_heads()) + ", kv_format=" +
+               fp8mla::format_name(p.kv_format()) + ", device=" +
+               fp8mla::device_name(p.device()) + ", tiles=" + std::to_string(p.tiles().size()) +
+               ")";
+      });
+
+  m.def(
+      "plan",
+      [](nb::handle qo_indptr, nb::handle kv_indptr, nb::handle kv_indices, nb::handle kv_len,
+         int num_heads, int page_size, std::int64_t num_pages, KvFormat kv_format, bool causal,
+         float sm_scale, int topk, nb::handle sparse_indices, const std::string& device,
+         int device_id, int sm_count, int ctas_per_sm, int min_chunk_tokens, int num_threads,
+         bool cpu_reference, bool cuda_graph, int max_batch, int max_total_q,
+         std::int64_t max_kv_indices, int max_qo_len) {
+        ProblemArgs pa;
+        fill_problem(pa, qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size,
+                     num_pages, kv_format, causal, sm_scale, topk, sparse_indices, device,
+                     device_id);
+        fp8mla::PlanOptions o;
+        o.sm_count = sm_count;
+        o.ctas_per_sm = ctas_per_sm;
+        o.min_chunk_tokens = min_chunk_tokens;
+        o.num_threads = num_threads;
+        o.cpu_reference = cpu_reference;
+        o.cuda_graph = cuda_graph;
+        o.max_batch = max_batch;
+        o.max_total_q = max_total_q;
+        o.max_kv_indices = max_kv_indices;
+        o.max_qo_len = max_qo_len;
+        nb::gil_scoped_release release;
+        return fp8mla::plan(pa.problem, o);
+      },
+      "qo_indptr"_a.none(), "kv_indptr"_a.none(), "kv_indices"_a.none(), "kv_len"_a.none(), "num_heads"_a, "page_size"_a,
+      "num_pages"_a, "kv_format"_a, "causal"_a, "sm_scale"_a, "topk"_a, "sparse_indices"_a.none(),
+      "device"_a, "device_id"_a, "sm_count"_a, "ctas_per_sm"_a, "min_chunk_tokens"_a,
+      "num_threads"_a, "cpu_reference"_a, "cuda_graph"_a, "max_batch"_a, "max_total_q"_a,
+      "max_kv_indices"_a, "max_qo_len"_a);
+
+  m.def(
+      "replan",
+      [](fp8mla::Plan& p, nb::handle qo_indptr, nb::handle kv_indptr, nb::handle kv_indices,
+         nb::handle kv_len, int num_heads, int page_size, std::int64_t num_pages,
+         KvFormat kv_format, bool causal, float sm_scale, int topk, nb::handle sparse_indices,
+         const std::string& device, int device_id) {
+        ProblemArgs pa;
+        fill_problem(pa, qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size,
+                     num_pages, kv_format, causal, sm_scale, topk, sparse_indices, device,
+                     device_id);
+        nb::gil_scoped_release release;
+        fp8mla::replan(p, pa.problem);
+      },
+      "plan"_a, "qo_indptr"_a.none(), "kv_indptr"_a.none(), "kv_indices"_a.none(), "kv_len"_a.none(), "num_heads"_a,
+      "page_size"_a, "num_pages"_a, "kv_format"_a, "causal"_a, "sm_scale"_a, "topk"_a,
+      "sparse_indices"_a.none(), "device"_a, "device_id"_a);
+
+  m.def(
+      "run",
+      [](const fp8mla::Plan& p, nb::handle q_nope, nb::handle q_pe, nb::handle ckv,
+         nb::handle kpe, nb::handle out, nb::handle lse, float ckv_scale, float kpe_scale,
+         nb::handle sparse_indices, std::uintptr_t stream) {
+        Args keep;
+        fp8mla::RunArgs a;
+        a.q_nope = keep.in(q_nope, "q_nope");
+        a.q_pe = keep.in(q_pe, "q_pe");
+        a.kv.format = p.kv_format();
+        a.kv.ckv = keep.in(ckv, "ckv_cache");
+        a.kv.kpe = keep.in(kpe, "kpe_cache");
+        a.kv.ckv_scale = ckv_scale;
+        a.kv.kpe_scale = kpe_scale;
+        a.out = keep.out(out, "out");
+        a.lse = keep.out(lse, "lse");
+        a.sparse_indices = keep.in(sparse_indices, "sparse_indices");
+        a.stream = as_stream(stream);
+        nb::gil_scoped_release release;
+        fp8mla::run(p, a);
+      },
+      "plan"_a, "q_nope"_a.none(), "q_pe"_a.none(), "ckv_cache"_a.none(), "kpe_cache"_a.none(), "out"_a.none(), "lse"_a.none(),
+      "ckv_scale"_a, "kpe_scale"_a, "sparse_indices"_a.none(), "stream"_a);
+
+  m.def(
+      "merge_states",
+      [](nb::handle v, nb::handle s, nb::handle v_out, nb::handle s_out, std::uintptr_t stream) {
+        Args keep;
+        TensorView tv = keep.in(v, "v");
+        TensorView ts = keep.in(s, "s");
+        TensorView tvo = keep.out(v_out, "v_out");
+        TensorView tso = keep.out(s_out, "s_out");
+        nb::gil_scoped_release release;
+        fp8mla::merge_states(tv, ts, tvo, tso, as_stream(stream));
+      },
+      "v"_a, "s"_a, "v_out"_a.none(), "s_out"_a.none(), "stream"_a);
+
+  // ---- PagedLatentCache ----
+  nb::class_<fp8mla::PagedLatentCache>(m, "PagedLatentCache")
+      .def(
+          "__init__",
+          [](fp8mla::PagedLatentCache* self, std::int64_t num_pages, int page_size,
+             KvFormat format, float scale, const std::string& device, int device_id) {
+            fp8mla::CacheConfig c;
+            c.num_pages = num_pages;
+            c.page_size = page_size;
+            c.format = format;
+            c.scale = scale;
+            c.device = parse_device(device);
+            c.device_id = device_id;
+            new (self) fp8mla::PagedLatentCache(c);
+          },
+          "num_pages"_a, "page_size"_a, "format"_a, "scale"_a, "device"_a, "device_id"_a)
+      .def_prop_ro("num_pages",
+                   [](const fp8mla::PagedLatentCache& c) { return c.config().num_pages; })
+      .def_prop_ro("page_size",
+                   [](const fp8mla::PagedLatentCache& c) { return c.config().page_size; })
+      .def_prop_ro("format", [](const fp8mla::PagedLatentCache& c) { return c.config().format; })
+      .def_prop_ro("scale", [](const fp8mla::PagedLatentCache& c) { return c.config().scale; })
+      .def_prop_ro("device",
+                   [](const fp8mla::PagedLatentCache& c) {
+                     return std::string(fp8mla::device_name(c.config().device));
+                   })
+      .def_prop_ro("device_id",
+                   [](const fp8mla::PagedLatentCache& c) { return c.config().device_id; })
+      .def_prop_ro("free_pages", &fp8mla::PagedLatentCache::free_pages)
+      .def_prop_ro("capacity_tokens", &fp8mla::PagedLatentCache::capacity_tokens)
+      .def("allocate", &fp8mla::PagedLatentCache::allocate, "n"_a)
+      .def(
+          "release",
+          [](fp8mla::PagedLatentCache& c, nb::handle pages) {
+            Args keep;
+            c.release(host_span<const std::int32_t>(keep.in(pages, "pages"), "pages", DType::i32));
+          },
+          "pages"_a)
+      .def("is_allocated", &fp8mla::PagedLatentCache::is_allocated, "page"_a)
+      .def(
+          "append",
+          [](fp8mla::PagedLatentCache& c, nb::handle slots, nb::handle ckv, nb::handle kpe,
+             const std::string& nan, std::uintptr_t stream) {
+            Args keep;
+            TensorView ts = keep.in(slots, "slots");
+            TensorView tc = keep.in(ckv, "ckv");
+            TensorView tk = keep.in(kpe, "kpe");
+            NanPolicy policy = parse_nan(nan);
+            nb::gil_scoped_release release;
+            c.append(ts, tc, tk, policy, as_stream(stream));
+          },
+          "slots"_a, "ckv"_a, "kpe"_a, "nan"_a, "stream"_a)
+      .def(
+          "storage",
+          [](nb::handle self) {
+            auto& c = nb::cast<fp8mla::PagedLatentCache&>(self);
+            TensorView s = c.storage();
+            const std::size_t shape[3] = {static_cast<std::size_t>(s.shape[0]),
+                                          static_cast<std::size_t>(s.shape[1]),
+                                          static_cast<std::size_t>(s.shape[2])};
+            const std::int64_t strides[3] = {s.stride[0], s.stride[1], s.stride[2]};
+            const int device_type = s.device == DeviceKind::cuda ? nb::device::cuda::value
+                                                                  : nb::device::cpu::value;
+            // The array keeps the cache object alive (owner = self).
+            return ArrayRw(s.data, 3, shape, self, strides, nb::dtype<std::uint8_t>(),
+                           device_type, s.device_id);
+          },
+          "The cache bytes, uint8 [num_pages, page_size, token_bytes] (DLPack; no copy).")
+      .def(
+          "read_token",
+          [](const fp8mla::PagedLatentCache& c, std::int64_t slot) {
+            std::vector<float> out(fp8mla::kDimQk);
+            c.read_token(slot, out);
+            return out;
+          },
+          "slot"_a);
+
+  // ---- codecs (host arrays; the Python layer allocates `out`) ----
+  m.def(
+      "fp8_e4m3_encode",
+      [](nb::handle x, nb::handle out) {
+        Args keep;
+        auto in = host_span<const float>(keep.in(x, "x"), "x", DType::f32);
+        auto o = host_span<std::uint8_t>(keep.out(out, "out"), "out", DType::u8);
+        if (in.size() != o.size()) bad("out", "size differs from x");
+        for (std::size_t i = 0; i < in.size(); ++i) o[i] = fp8mla::float_to_fp8_e4m3(in[i]);
+      },
+      "x"_a, "out"_a.none());
+  m.def(
+      "fp8_e4m3_decode",
+      [](nb::handle x, nb::handle out) {
+        Args keep;
+        TensorView tx = keep.in(x, "x");
+        if (tx.dtype == DType::fp8_e4m3) tx.dtype = DType::u8;
+        auto in = host_span<const std::uint8_t>(tx, "x", DType::u8);
+        auto o = host_span<float>(keep.out(out, "out"), "out", DType::f32);
+        if (in.size() != o.size()) bad("out", "size differs from x");
+        for (std::size_t i = 0; i < in.size(); ++i) o[i] = fp8mla::fp8_e4m3_to_float(in[i]);
+      },
+      "x"_a, "out"_a.none());
+  m.def(
+      "bf16_encode",
+      [](nb::handle x, nb::handle out) {
+        Args keep;
+        auto in = host_span<const float>(keep.in(x, "x"), "x", DType::f32);
+        auto o = host_span<std::uint16_t>(keep.out(out, "out"), "out", DType::bf16);
+        if (in.size() != o.size()) bad("out", "size differs from x");
+        for (std::size_t i = 0; i < in.size(); ++i) o[i] = fp8mla::float_to_bf16(in[i]);
+      },
+      "x"_a, "out"_a.none());
+  m.def(
+      "bf16_decode",
+      [](nb::handle x, nb::handle out) {
+        Args keep;
+        auto in = host_span<const std::uint16_t>(keep.in(x, "x"), "x", DType::bf16);
+        auto o = host_span<float>(keep.out(out, "out"), "out", DType::f32);
+        if (in.size() != o.size()) bad("out", "size differs from x");
+        for (std::size_t i = 0; i < in.size(); ++i) o[i] = fp8mla::bf16_to_float(in[i]);
+      },
+      "x"_a, "out"_a.none());
+  m.def(
+      "encode_tokens",
+      [](KvFormat format, float scale, nb::handle values, nb::handle out,
+         const std::string& nan) {
+        Args keep;
+        auto in = host_span<const float>(keep.in(values, "values"), "values", DType::f32);
+        auto o = host_span<std::uint8_t>(keep.out(out, "out"), "out", DType::u8);
+        const auto tb = static_cast<std::size_t>(fp8mla::token_bytes(format));
+        const std::size_t n = in.size() / fp8mla::kDimQk;
+        if (in.size() != n * fp8mla::kDimQk)
+          bad("values", "size must be a multiple of 576 (ckv 512 + kpe 64 per token)");
+        if (o.size() != n * tb) bad("out", "size must be tokens * token_bytes(format)");
+        const NanPolicy policy = parse_nan(nan);
+        if (policy == NanPolicy::error) {
+          // All-or-nothing: check every token before writing any.
+          std::vector<std::uint8_t> scratch(tb);
+          for (std::size_t t = 0; t < n; ++t) {
+            try {
+              fp8mla::encode_token(format, scale, in.subspan(t * fp8mla::kDimQk, fp8mla::kDimQk),
+                                   scratch, policy);
+            } catch (const Error& e) {
+              throw Error(e.code(), "values[" + std::to_string(t) + "]", e.what());
+            }
+          }
+        }
+        for (std::size_t t = 0; t < n; ++t)
+          fp8mla::encode_token(format, scale, in.subspan(t * fp8mla::kDimQk, fp8mla::kDimQk),
+                               o.subspan(t * tb, tb), NanPolicy::propagate);
+      },
+      "format"_a, "scale"_a, "values"_a, "out"_a.none(), "nan"_a);
+  m.def(
+      "decode_tokens",
+      [](KvFormat format, float scale, nb::handle data, nb::handle out) {
+        Args keep;
+        TensorView td = keep.in(data, "data");
+        if (td.dtype == DType::fp8_e4m3) td.dtype = DType::u8;
+        auto in = host_span<const std::uint8_t>(td, "data", DType::u8);
+        auto o = host_span<float>(keep.out(out, "out"), "out", DType::f32);
+        const auto tb = static_cast<std::size_t>(fp8mla::token_bytes(format));
+        const std::size_t n = in.size() / tb;
+        if (in.size() != n * tb) bad("data", "size must be a multiple of token_bytes(format)");
+        if (o.size() != n * fp8mla::kDimQk) bad("out", "size must be tokens * 576");
+        for (std::size_t t = 0; t < n; ++t)
+          fp8mla::decode_token(format, scale, in.subspan(t * tb, tb),
+                               o.subspan(t * fp8mla::kDimQk, fp8mla::kDimQk));
+      },
+      "format"_a, "scale"_a, "data"_a, "out"_a.none());
+}

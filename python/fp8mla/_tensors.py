@@ -1,0 +1,232 @@
+"""Framework helpers shared by the fp8mla Python layer.
+
+fp8mla takes numpy arrays (CPU backend), torch tensors (CPU or CUDA) and anything else that
+speaks DLPack. Neither numpy nor torch is imported here unless the caller already did: a torch
+tensor can only exist once torch is imported, so ``sys.modules`` tells which framework an
+argument belongs to.
+"""
+
+import array
+import math
+import sys
+
+LOG2E = 1.4426950408889634  # log2(e): FlashInfer's LSE is base 2 (lse2 = lse_e * LOG2E)
+
+
+def torch_module():
+    """The torch module if it is already imported, else None (never imports it)."""
+    return sys.modules.get("torch")
+
+
+def numpy_module():
+    """The numpy module, imported on demand; None when numpy is not installed."""
+    np = sys.modules.get("numpy")
+    if np is None:
+        try:
+            import numpy as np
+        except ImportError:
+            return None
+    return np
+
+
+def is_torch(x):
+    """True when ``x`` is a torch.Tensor."""
+    torch = torch_module()
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def is_numpy(x):
+    """True when ``x`` is a numpy.ndarray."""
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(x, np.ndarray)
+
+
+def for_ext(x):
+    """Returns ``x`` in a form the native module imports without copying.
+
+    torch tensors become a DLPack capsule made without stream synchronisation (so the call is
+    safe inside CUDA-graph capture on any stream); float8_e4m3fn tensors are viewed as uint8.
+    numpy arrays of ml_dtypes' bfloat16 / float8_e4m3fn are viewed as uint16 / uint8 bits.
+    Anything else (numpy, cupy, None, ...) is passed as it is.
+    """
+    if x is None:
+        return None
+    torch = torch_module()
+    if torch is not None and isinstance(x, torch.Tensor):
+        if x.dtype == torch.float8_e4m3fn:
+            x = x.view(torch.uint8)
+        return torch.utils.dlpack.to_dlpack(x.detach())
+    if is_numpy(x):
+        name = x.dtype.name
+        if name == "bfloat16":
+            return x.view("uint16")
+        if name == "float8_e4m3fn":
+            return x.view("uint8")
+    return x
+
+
+def device_of(x):
+    """(kind, index) of an array: ("cpu", 0) or ("cuda", i). None counts as the CPU."""
+    if x is None or is_numpy(x):
+        return ("cpu", 0)
+    if is_torch(x):
+        if x.device.type == "cuda":
+            return ("cuda", x.device.index if x.device.index is not None else 0)
+        if x.device.type == "cpu":
+            return ("cpu", 0)
+        raise ValueError(f"tensor on device {x.device} is not supported (CPU or CUDA only)")
+    dev = getattr(x, "__dlpack_device__", None)
+    if dev is not None:
+        kind, index = dev()
+        if int(kind) in (1, 3):  # kDLCPU, kDLCUDAHost
+            return ("cpu", 0)
+        if int(kind) in (2, 13):  # kDLCUDA, kDLCUDAManaged
+            return ("cuda", int(index))
+        raise ValueError(f"DLPack device type {int(kind)} is not supported (CPU or CUDA only)")
+    return ("cpu", 0)
+
+
+def parse_device(device):
+    """Normalises "cpu", "cuda", "cuda:1", a torch.device or an int (CUDA index)."""
+    if device is None:
+        return ("cpu", 0)
+    if isinstance(device, tuple):
+        return (str(device[0]), int(device[1]))
+    if isinstance(device, int) and not isinstance(device, bool):
+        return ("cuda", device)
+    torch = torch_module()
+    if torch is not None and isinstance(device, torch.device):
+        return (device.type, device.index if device.index is not None else 0)
+    text = str(device)
+    kind, _, index = text.partition(":")
+    if kind not in ("cpu", "cuda") or (index and not index.isdigit()):
+        raise ValueError(f'device: expected "cpu", "cuda" or "cuda:N", got {device!r}')
+    return (kind, int(index) if index else 0)
+
+
+def current_stream(x):
+    """The cudaStream_t (as int) torch would launch on for tensor ``x``; 0 elsewhere."""
+    if is_torch(x) and x.is_cuda:
+        torch = torch_module()
+        return torch.cuda.current_stream(x.device).cuda_stream
+    return 0
+
+
+def is_capturing(x):
+    """True while torch is capturing a CUDA graph on the current stream of ``x``'s device."""
+    if is_torch(x) and x.is_cuda:
+        return bool(torch_module().cuda.is_current_stream_capturing())
+    return False
+
+
+def _int_range_check(lo, hi, name):
+    if lo < -(2**31) or hi >= 2**31:
+        raise ValueError(f"{name}: values [{lo}, {hi}] do not fit in int32")
+
+
+def host_i32(x, name, ndim=1):
+    """A fresh, contiguous host int32 copy of an index array (ValueError names ``name``).
+
+    Accepts numpy arrays, torch tensors (copied from the GPU when needed: a sync, as in
+    FlashInfer's plan()), other DLPack arrays on the host, and Python sequences. Returns a numpy
+    array when numpy is installed; otherwise a CPU torch tensor or an ``array.array('i')``.
+    The copy keeps plan() independent of later writes to the caller's buffers.
+    """
+    if x is None:
+        return None
+    torch = torch_module()
+    if torch is not None and isinstance(x, torch.Tensor):
+        if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+            raise ValueError(f"{name}: expected an integer tensor, got {x.dtype}")
+        if x.dim() != ndim:
+            raise ValueError(f"{name}: expected {ndim} dimension(s), got shape {tuple(x.shape)}")
+        t = x.detach().to(device="cpu")
+        if t.dtype != torch.int32 and t.numel():
+            _int_range_check(int(t.min()), int(t.max()), name)
+        t = t.to(dtype=torch.int32, copy=True).contiguous()
+        np = numpy_module()
+        return t.numpy() if np is not None else t
+    np = numpy_module()
+    if np is None:
+        if ndim != 1:
+            raise ValueError(f"{name}: a {ndim}-D index array needs numpy or torch")
+        try:
+            return array.array("i", [int(v) for v in x])
+        except (OverflowError, TypeError) as e:
+            raise ValueError(f"{name}: {e}") from None
+    if not is_numpy(x) and hasattr(x, "get") and type(x).__module__.startswith("cupy"):
+        x = x.get()  # cupy -> numpy (device to host copy)
+    a = np.asarray(x)
+    if a.ndim != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimension(s), got shape {a.shape}")
+    if a.size == 0:
+        return np.zeros(a.shape, dtype=np.int32)
+    if a.dtype.kind not in "iu":
+        raise ValueError(f"{name}: expected an integer array, got dtype {a.dtype}")
+    if a.dtype != np.int32:
+        _int_range_check(int(a.min()), int(a.max()), name)
+    return np.array(a, dtype=np.int32, order="C", copy=True)
+
+
+def length(a):
+    """Number of entries of a 1-D host index array (numpy, torch or array.array)."""
+    return len(a)
+
+
+def max_value(a):
+    """Largest entry of a non-empty host index array."""
+    if is_torch(a):
+        return int(a.max())
+    if is_numpy(a):
+        return int(a.max())
+    return max(a)
+
+
+def empty(like, shape, dtype):
+    """An uninitialised array of ``shape`` in the framework and on the device of ``like``.
+
+    ``dtype``: "bf16" (torch.bfloat16; numpy: ``like``'s dtype when it is a 2-byte bf16 carrier,
+    else uint16 bits) or "f32".
+    """
+    shape = tuple(int(s) for s in shape)
+    torch = torch_module()
+    if torch is not None and isinstance(like, torch.Tensor):
+        tdt = torch.bfloat16 if dtype == "bf16" else torch.float32
+        return torch.empty(shape, dtype=tdt, device=like.device)
+    np = numpy_module()
+    if np is None:
+        raise RuntimeError("allocating an output needs numpy (or pass torch tensors)")
+    if dtype == "bf16":
+        ndt = like.dtype if (is_numpy(like) and like.dtype.name in ("uint16", "bfloat16")) else np.uint16
+        return np.empty(shape, dtype=ndt)
+    return np.empty(shape, dtype=np.float32)
+
+
+def to_log2_inplace(lse):
+    """lse (natural log) -> base 2, in place; -inf stays -inf."""
+    if is_torch(lse):
+        lse.mul_(LOG2E)
+    else:
+        np = numpy_module()
+        np.multiply(lse, np.float32(LOG2E), out=lse)
+    return lse
+
+
+def as_float(x, name):
+    """A Python float from a number or a one-element tensor/array (a host sync for GPU data)."""
+    if x is None:
+        return None
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: expected a number or a one-element tensor, got {x!r}") from None
+    if not math.isfinite(v) or v <= 0.0:
+        raise ValueError(f"{name}: {v} must be finite and > 0")
+    return v
+
+
+def squeeze_head_dim(x):
+    """[pages, page_size, 1, D] (SGLang's pool with its head dim of 1) -> [pages, page_size, D]."""
+    if x is not None and getattr(x, "ndim", 0) == 4 and x.shape[2] == 1:
+        return x[:, :, 0]
+    return x

@@ -1,0 +1,488 @@
+"""fp8mla's low-level Python API: plan, run, merge_states, the paged cache and the codecs.
+
+These mirror include/fp8mla/*.h one to one. Arrays: numpy on the CPU backend; torch (or cupy)
+tensors on either backend. bf16 data travels as torch.bfloat16, as ml_dtypes.bfloat16, or as
+uint16 arrays holding the bf16 bits (numpy has no bfloat16); FP8 data as torch.float8_e4m3fn,
+ml_dtypes.float8_e4m3fn or uint8 bytes. Errors: ValueError for bad input (the message names the
+argument, the index and the bound, exactly as the C++ library words it), RuntimeError for
+everything else (no CUDA in this build, out of memory, a CUDA error).
+
+The LSE returned here is the library's: natural log. The FlashInfer-compatible wrapper
+(fp8mla.BatchMLAPagedAttentionWrapper) converts it to FlashInfer's base 2.
+"""
+
+from . import _fp8mla as _ext
+from ._tensors import (
+    current_stream,
+    device_of,
+    empty,
+    for_ext,
+    host_i32,
+    numpy_module,
+    parse_device,
+    torch_module,
+)
+
+KvFormat = _ext.KvFormat
+Plan = _ext.Plan
+
+DIM_CKV = _ext.DIM_CKV  # 512: latent width, also the V / output width
+DIM_KPE = _ext.DIM_KPE  # 64: rotary width
+DIM_QK = DIM_CKV + DIM_KPE  # 576
+MAX_HEADS = _ext.MAX_HEADS  # 128
+MAX_PAGE_SIZE = _ext.MAX_PAGE_SIZE  # 128
+
+
+def as_format(kv_format):
+    """KvFormat from a KvFormat or a name ("bf16", "fp8_e4m3" / "fp8", "fp8_e4m3_block" /
+    "fp8_block" / "block656"). Raises ValueError for any other name."""
+    if isinstance(kv_format, KvFormat):
+        return kv_format
+    if isinstance(kv_format, str):
+        return _ext.parse_format(kv_format)
+    raise ValueError(f"kv_format: expected a KvFormat or its name, got {kv_format!r}")
+
+
+def token_bytes(kv_format):
+    """Bytes one token occupies in ``kv_format``: 1152 (bf16), 576 (fp8_e4m3), 656 (block)."""
+    return _ext.token_bytes(as_format(kv_format))
+
+
+def cuda_available():
+    """True when this build has the CUDA backend and a CUDA device is visible."""
+    return _ext.cuda_available()
+
+
+def version():
+    """The library version string, e.g. "0.1.0"."""
+    return _ext.version()
+
+
+def _stream(stream, like):
+    if stream is None:
+        return current_stream(like)
+    if hasattr(stream, "cuda_stream"):  # a torch.cuda.Stream
+        return int(stream.cuda_stream)
+    return int(stream)
+
+
+def plan(
+    qo_indptr,
+    kv_indptr,
+    kv_indices,
+    kv_len,
+    *,
+    num_heads,
+    page_size,
+    num_pages,
+    sm_scale,
+    kv_format="fp8_e4m3",
+    causal=True,
+    topk=0,
+    sparse_indices=None,
+    device="cpu",
+    sm_count=0,
+    ctas_per_sm=2,
+    min_chunk_tokens=256,
+    num_threads=0,
+    cpu_reference=False,
+    cuda_graph=False,
+    max_batch=0,
+    max_total_q=0,
+    max_kv_indices=0,
+    max_qo_len=0,
+):
+    """Validates a batch and partitions its work (fp8mla::plan).
+
+    Index arrays (any integer dtype, host or device; they are copied to the host as int32):
+      qo_indptr   [batch + 1]   query-token offsets per request, starting at 0
+      kv_indptr   [batch + 1]   offsets into kv_indices (pages)
+      kv_indices  [kv_indptr[-1]] page ids in [0, num_pages)
+      kv_len      [batch]       cached tokens per request, <= pages listed * page_size
+      sparse_indices [total_q, topk] global slots (page * page_size + offset) or -1 (sparse
+                  mode, topk > 0; kv_* may then be None)
+    num_heads 1..128, page_size a power of two in 1..128, num_pages >= 1 (the pool the cache
+    view will have), sm_scale finite and > 0, kv_format a KvFormat or its name, device "cpu",
+    "cuda", "cuda:N" or a torch.device. The remaining options are fp8mla::PlanOptions (graph
+    mode: cuda_graph=True with max_batch, max_total_q, max_kv_indices > 0).
+
+    Returns a Plan. Raises ValueError naming the argument, index and bound for bad input;
+    RuntimeError when the device cannot be served (e.g. "cuda" in a build without CUDA).
+    """
+    kind, index = parse_device(device)
+    return _ext.plan(
+        host_i32(qo_indptr, "qo_indptr"),
+        host_i32(kv_indptr, "kv_indptr"),
+        host_i32(kv_indices, "kv_indices"),
+        host_i32(kv_len, "kv_len"),
+        int(num_heads),
+        int(page_size),
+        int(num_pages),
+        as_format(kv_format),
+        bool(causal),
+        float(sm_scale),
+        int(topk),
+        host_i32(sparse_indices, "sparse_indices", ndim=2) if sparse_indices is not None else None,
+        kind,
+        index,
+        int(sm_count),
+        int(ctas_per_sm),
+        int(min_chunk_tokens),
+        int(num_threads),
+        bool(cpu_reference),
+        bool(cuda_graph),
+        int(max_batch),
+        int(max_total_q),
+        int(max_kv_indices),
+        int(max_qo_len),
+    )
+
+
+def replan(
+    plan,
+    qo_indptr,
+    kv_indptr,
+    kv_indices,
+    kv_len,
+    *,
+    num_heads,
+    page_size,
+    num_pages,
+    sm_scale,
+    kv_format="fp8_e4m3",
+    causal=True,
+    topk=0,
+    sparse_indices=None,
+    device="cpu",
+):
+    """Re-plans a graph-mode Plan (made with cuda_graph=True) in place for a new batch, keeping
+    its device buffers so a captured run() replays on the new batch (fp8mla::replan).
+
+    Arguments as for plan(). Raises ValueError as plan() does, and when ``plan`` is not a
+    graph-mode plan or num_heads, format, page size, topk or device differ from it, or the new
+    batch exceeds its max_* capacities. Synchronous on the host: call it outside capture.
+    """
+    kind, index = parse_device(device)
+    _ext.replan(
+        plan,
+        host_i32(qo_indptr, "qo_indptr"),
+        host_i32(kv_indptr, "kv_indptr"),
+        host_i32(kv_indices, "kv_indices"),
+        host_i32(kv_len, "kv_len"),
+        int(num_heads),
+        int(page_size),
+        int(num_pages),
+        as_format(kv_format),
+        bool(causal),
+        float(sm_scale),
+        int(topk),
+        host_i32(sparse_indices, "sparse_indices", ndim=2) if sparse_indices is not None else None,
+        kind,
+        index,
+    )
+
+
+def run(
+    plan,
+    q_nope,
+    q_pe,
+    ckv_cache,
+    kpe_cache=None,
+    *,
+    out=None,
+    lse=None,
+    return_lse=False,
+    ckv_scale=1.0,
+    kpe_scale=1.0,
+    sparse_indices=None,
+    stream=None,
+):
+    """Attention for a planned batch (fp8mla::run).
+
+    q_nope  bf16 [total_q, H, 512], q_pe bf16 [total_q, H, 64] (innermost stride 1; other
+            strides free, so slices of one [total_q, H, 576] tensor work)
+    ckv_cache / kpe_cache, by the plan's format (strides free, innermost stride 1):
+            bf16:           bf16 [num_pages, page_size, 512] and [num_pages, page_size, 64]
+            fp8_e4m3:       float8_e4m3fn or uint8, same shapes; real = code * ckv_scale
+                            (kpe_scale for kpe); SGLang's pool is unscaled: 1.0
+            fp8_e4m3_block: uint8 [num_pages, page_size, 656] (whole tokens); kpe_cache None
+    out     bf16 [total_q, H, 512], allocated (like q_nope) when None; written completely
+    lse     float32 [total_q, H], natural log; allocated when None and return_lse
+    sparse_indices  int32 [total_q, topk] on the plan's device: replaces the planned indices
+            (sparse plans only; entries outside the pool are treated like -1)
+    stream  cudaStream_t as int (or a torch.cuda.Stream); None = torch's current stream for
+            torch CUDA tensors, 0 otherwise
+
+    Returns out, or (out, lse) when return_lse. Raises ValueError for a tensor whose dtype,
+    shape, innermost stride or device does not match the plan (the message names it and gives
+    both values). Releases the GIL while computing. Not a torch custom op (torch.compile graph
+    breaks here): BatchMLAPagedAttentionWrapper.run and fp8mla.torch_ops are.
+    """
+    if out is None:
+        out = empty(q_nope, (q_nope.shape[0], q_nope.shape[1], DIM_CKV), "bf16")
+    if lse is None and return_lse:
+        lse = empty(q_nope, (q_nope.shape[0], q_nope.shape[1]), "f32")
+    _ext.run(
+        plan,
+        for_ext(q_nope),
+        for_ext(q_pe),
+        for_ext(ckv_cache),
+        for_ext(kpe_cache),
+        for_ext(out),
+        for_ext(lse),
+        float(ckv_scale),
+        float(kpe_scale),
+        for_ext(sparse_indices),
+        _stream(stream, q_nope),
+    )
+    return (out, lse) if return_lse else out
+
+
+def merge_states(v, s, v_out=None, s_out=None, *, stream=None):
+    """Combines partial attention states of the same rows (fp8mla::merge_states).
+
+    v      float32 or bf16 [rows, num_states, D]: partial outputs, each normalised by its sum
+    s      float32 [rows, num_states]: their LSE, natural log; -inf marks an empty state
+    v_out  [rows, D], v's dtype (allocated when None); s_out float32 [rows] (allocated when None)
+    Per row: w_i = exp(s_i - max s); v_out = sum w_i v_i / sum w_i; s_out = max s + log sum w_i.
+    All-empty rows give v_out = 0 and s_out = -inf (never NaN). Strides are free (pass a
+    states-major buffer as a permuted view). Returns (v_out, s_out). Raises ValueError for bad
+    shapes/dtypes/devices.
+    """
+    rows, dim = v.shape[0], v.shape[2]
+    if v_out is None:
+        np = numpy_module()
+        torch = torch_module()
+        if torch is not None and isinstance(v, torch.Tensor):
+            v_out = torch.empty((rows, dim), dtype=v.dtype, device=v.device)
+        else:
+            v_out = np.empty((rows, dim), dtype=v.dtype)
+    if s_out is None:
+        s_out = empty(v, (rows,), "f32")
+    _ext.merge_states(for_ext(v), for_ext(s), for_ext(v_out), for_ext(s_out), _stream(stream, v))
+    return v_out, s_out
+
+
+class PagedLatentCache:
+    """A paged latent KV cache owned by fp8mla (fp8mla::PagedLatentCache).
+
+    Storage: uint8 [num_pages, page_size, token_bytes(format)] on ``device`` (zero-filled).
+    ``PagedLatentCache(num_pages, page_size, format="fp8_e4m3", scale=1.0, device="cpu")``.
+    Raises ValueError for a bad configuration, RuntimeError for a CUDA cache in a build without
+    CUDA or when memory runs out.
+    """
+
+    def __init__(self, num_pages, page_size, format="fp8_e4m3", scale=1.0, device="cpu"):
+        kind, index = parse_device(device)
+        self._c = _ext.PagedLatentCache(
+            int(num_pages), int(page_size), as_format(format), float(scale), kind, index
+        )
+
+    num_pages = property(lambda self: self._c.num_pages, doc="pages in the pool")
+    page_size = property(lambda self: self._c.page_size, doc="tokens per page")
+    format = property(lambda self: self._c.format, doc="the KvFormat")
+    scale = property(lambda self: self._c.scale, doc="fp8_e4m3 scale (real = code * scale)")
+    free_pages = property(lambda self: self._c.free_pages, doc="pages on the free list")
+    capacity_tokens = property(lambda self: self._c.capacity_tokens, doc="num_pages * page_size")
+
+    @property
+    def device(self):
+        """"cpu" or "cuda:N"."""
+        return "cpu" if self._c.device == "cpu" else f"cuda:{self._c.device_id}"
+
+    @property
+    def token_bytes(self):
+        """Bytes per token of this cache's format."""
+        return _ext.token_bytes(self._c.format)
+
+    def allocate(self, n):
+        """Takes ``n`` pages off the free list (lowest ids first) and returns their ids (int32
+        numpy array, or a list without numpy). RuntimeError (out of memory) when fewer than n
+        are free, and then nothing is taken; ValueError for n < 0."""
+        pages = self._c.allocate(int(n))
+        np = numpy_module()
+        return np.asarray(pages, dtype=np.int32) if np is not None else pages
+
+    def release(self, pages):
+        """Returns pages to the free list, all or nothing: an id outside the pool, not allocated
+        (double release) or repeated raises ValueError and releases none."""
+        self._c.release(host_i32(pages, "pages"))
+
+    def is_allocated(self, page):
+        """True when ``page`` is currently handed out."""
+        return self._c.is_allocated(int(page))
+
+    def append(self, slots, ckv, kpe, *, nan="propagate", stream=None):
+        """Quantizing write of token i (ckv[i], kpe[i]) at global slot slots[i].
+
+        slots int32 [n]; ckv bf16/float16/float32 [n, 512]; kpe the same dtype [n, 64]; rows may
+        be strided; all on the cache's device (a CUDA cache runs on ``stream``, default torch's
+        current stream). nan: "propagate" (store NaN) or "error" (ValueError naming the value's
+        index, nothing written; checked on the host only). A host cache checks every slot
+        (inside the pool, on an allocated page) before writing anything.
+        """
+        self._c.append(
+            for_ext(slots), for_ext(ckv), for_ext(kpe), str(nan), _stream(stream, ckv)
+        )
+
+    def storage(self):
+        """The cache bytes, uint8 [num_pages, page_size, token_bytes], no copy: a numpy array
+        for a host cache (a torch tensor when numpy is missing), a torch tensor for a CUDA
+        cache. The array keeps the cache alive."""
+        raw = self._c.storage()
+        if self._c.device == "cuda":
+            import torch
+
+            return torch.from_dlpack(raw)
+        np = numpy_module()
+        if np is not None:
+            return np.from_dlpack(raw)
+        import torch
+
+        return torch.from_dlpack(raw)
+
+    def view(self):
+        """(ckv_cache, kpe_cache) as run() and the wrapper take them, views into storage():
+        bf16: bf16 bits [P, S, 512] / [P, S, 64] (uint16 in numpy, torch.bfloat16 in torch);
+        fp8_e4m3: uint8 (numpy) / float8_e4m3fn (torch) [P, S, 512] / [P, S, 64];
+        fp8_e4m3_block: (uint8 [P, S, 656], None)."""
+        st = self.storage()
+        fmt = self._c.format
+        is_t = is_torch_tensor(st)
+        if fmt == KvFormat.fp8_e4m3_block:
+            return st, None
+        if fmt == KvFormat.bf16:
+            st = st.view(torch_module().bfloat16) if is_t else st.view("uint16")
+        elif is_t:
+            st = st.view(torch_module().float8_e4m3fn)
+        return st[:, :, :DIM_CKV], st[:, :, DIM_CKV:]
+
+    def read_token(self, slot):
+        """Token at ``slot`` decoded to 576 floats (numpy float32, or a list without numpy).
+        ValueError for a slot outside the pool."""
+        vals = self._c.read_token(int(slot))
+        np = numpy_module()
+        return np.asarray(vals, dtype=np.float32) if np is not None else vals
+
+    def __repr__(self):
+        return (
+            f"fp8mla.PagedLatentCache(num_pages={self.num_pages}, page_size={self.page_size}, "
+            f"format={_ext.format_name(self.format)}, scale={self.scale}, device={self.device}, "
+            f"free_pages={self.free_pages})"
+        )
+
+
+def append_kv(cache, slots, ckv, kpe, *, nan="propagate", stream=None):
+    """Quantizing write into a PagedLatentCache: same as ``cache.append(slots, ckv, kpe)``.
+
+    slots int32 [n] global slots (page * page_size + offset) on allocated pages; ckv
+    bf16/float16/float32 [n, 512]; kpe [n, 64]. Raises ValueError for bad slots, shapes or
+    (nan="error") NaN input.
+    """
+    cache.append(slots, ckv, kpe, nan=nan, stream=stream)
+
+
+# ---- codecs (host, numpy): the library's exact scalar and token codecs, for tests and tools ----
+
+
+def _np_in(x, dtype):
+    """(numpy, contiguous host array of ``dtype``). Float inputs convert to float32; code and
+    bit inputs must already be integers of the right width (no silent float -> int casts)."""
+    np = numpy_module()
+    if np is None:
+        raise RuntimeError("the fp8mla codec helpers need numpy")
+    if is_torch_tensor(x):
+        x = x.detach().cpu()
+        torch = torch_module()
+        if x.dtype == torch.bfloat16:
+            x = x.view(torch.int16)
+        elif x.dtype == torch.float8_e4m3fn:
+            x = x.view(torch.uint8)
+        x = x.numpy()
+    a = np.asarray(x)
+    if a.dtype.name in ("bfloat16", "int16"):
+        a = a.view(np.uint16)
+    elif a.dtype.name == "float8_e4m3fn":
+        a = a.view(np.uint8)
+    if dtype != "float32" and a.size and a.dtype != np.dtype(dtype):
+        raise ValueError(f"expected {dtype} data, got dtype {a.dtype}")
+    return np, np.ascontiguousarray(a, dtype=dtype)
+
+
+def is_torch_tensor(x):
+    torch = torch_module()
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def fp8_e4m3_encode(x):
+    """float32 values (any shape) -> e4m3fn codes, uint8, same shape. Round to nearest even;
+    magnitudes beyond 448 (and +-inf) saturate to +-448; NaN -> 0x7f | sign; -0.0 -> 0x80."""
+    np, a = _np_in(x, "float32")
+    out = np.empty(a.shape, dtype=np.uint8)
+    _ext.fp8_e4m3_encode(a, out)
+    return out
+
+
+def fp8_e4m3_decode(codes):
+    """e4m3fn codes (uint8 or float8_e4m3fn, any shape) -> exact float32 values (NaN for 0x7f
+    and 0xff)."""
+    np, a = _np_in(codes, "uint8")
+    out = np.empty(a.shape, dtype=np.float32)
+    _ext.fp8_e4m3_decode(a, out)
+    return out
+
+
+def bf16_encode(x):
+    """float32 values -> bf16 bits (uint16, same shape); RNE, NaN stays a quiet NaN."""
+    np, a = _np_in(x, "float32")
+    out = np.empty(a.shape, dtype=np.uint16)
+    _ext.bf16_encode(a, out)
+    return out
+
+
+def bf16_decode(bits):
+    """bf16 bits (uint16, ml_dtypes.bfloat16 or torch.bfloat16) -> float32 (exact)."""
+    np, a = _np_in(bits, "uint16")
+    out = np.empty(a.shape, dtype=np.float32)
+    _ext.bf16_decode(a, out)
+    return out
+
+
+def encode_tokens(values, kv_format, scale=1.0, *, nan="propagate"):
+    """Tokens [..., 576] float32 (ckv 512 then kpe 64) -> their bytes, uint8 [..., token_bytes].
+
+    The layout of include/fp8mla/format.h (bf16: 576 bf16, little endian; fp8_e4m3: 576 codes
+    of x / scale; fp8_e4m3_block: 512 codes, 4 float32 power-of-two scales, 64 bf16). ``scale``
+    (fp8_e4m3 only) must be finite and > 0. nan="error" raises ValueError naming the token
+    and writes nothing.
+    """
+    fmt = as_format(kv_format)
+    np, a = _np_in(values, "float32")
+    if a.ndim < 1 or a.shape[-1] != DIM_QK:
+        raise ValueError(f"values: expected shape [..., {DIM_QK}], got {a.shape}")
+    out = np.empty(a.shape[:-1] + (_ext.token_bytes(fmt),), dtype=np.uint8)
+    _ext.encode_tokens(fmt, float(scale), a, out, str(nan))
+    return out
+
+
+def decode_tokens(data, kv_format, scale=1.0):
+    """Token bytes uint8 [..., token_bytes] -> float32 [..., 576] (exact decode; the fp8_e4m3
+    scale multiplies in float32)."""
+    fmt = as_format(kv_format)
+    np, a = _np_in(data, "uint8")
+    tb = _ext.token_bytes(fmt)
+    if a.ndim < 1 or a.shape[-1] != tb:
+        raise ValueError(f"data: expected shape [..., {tb}] for {_ext.format_name(fmt)}, got {a.shape}")
+    out = np.empty(a.shape[:-1] + (DIM_QK,), dtype=np.float32)
+    _ext.decode_tokens(fmt, float(scale), a, out)
+    return out
+
+
+def encode_token(values, kv_format, scale=1.0, *, nan="propagate"):
+    """One token: 576 floats -> uint8 [token_bytes] (see encode_tokens)."""
+    return encode_tokens(values, kv_format, scale, nan=nan)
+
+
+def decode_token(data, kv_format, scale=1.0):
+    """One token: uint8 [token_bytes] -> float32 [576] (see decode_tokens)."""
+    return decode_tokens(data, kv_format, scale)

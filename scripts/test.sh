@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Runs every test: configures build-ci/ with warnings as errors (and the CUDA backend when nvcc
+# is found, so its sources are compiled even on a machine without a GPU; GPU tests skip there),
+# builds, runs ctest, installs to a temporary prefix and builds + runs tests/consumer against it
+# with find_package(fp8mla), then the Python tests when tests/python/run.sh exists.
+# Packages: run scripts/setup.sh --deps-only first (.ci/run does).
+#
+# Environment: BUILD_DIR (build-ci), FP8MLA_CUDA (AUTO), JOBS (all cores).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+root=$(pwd)
+
+if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH="/usr/local/cuda/bin:$PATH"
+fi
+build_dir=${BUILD_DIR:-build-ci}
+jobs=${JOBS:-$(nproc)}
+start=$SECONDS
+timings=()
+phase_start=$SECONDS
+phase() {  # phase NAME: closes the previous phase's timer and announces the next
+  echo
+  echo "==== $1"
+  phase_start=$SECONDS
+}
+done_phase() { timings+=("$(printf '%-28s %5d s' "$1" $((SECONDS - phase_start)))"); }
+
+phase "configure $build_dir (FP8MLA_WERROR=ON, FP8MLA_CUDA=${FP8MLA_CUDA:-AUTO})"
+generator=()
+[ -f "$build_dir/CMakeCache.txt" ] || generator=(-G Ninja)
+cmake -S . -B "$build_dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DFP8MLA_WERROR=ON \
+  -DFP8MLA_CUDA="${FP8MLA_CUDA:-AUTO}"
+done_phase configure
+
+phase "build ($jobs jobs)"
+cmake --build "$build_dir" -j "$jobs"
+done_phase build
+
+phase "ctest"
+ctest --test-dir "$build_dir" --output-on-failure -j "$jobs"
+done_phase ctest
+
+phase "install + find_package(fp8mla) consumer"
+prefix=$(mktemp -d "${TMPDIR:-/tmp}/fp8mla-install.XXXXXX")
+trap 'rm -rf "$prefix"' EXIT
+cmake --install "$build_dir" --prefix "$prefix" >/dev/null
+consumer_build="$build_dir/consumer"
+rm -rf "$consumer_build"
+cmake -S tests/consumer -B "$consumer_build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+cmake --build "$consumer_build"
+"$consumer_build/fp8mla_consumer"
+done_phase consumer
+
+if [ -f tests/python/run.sh ]; then
+  phase "python tests (tests/python/run.sh)"
+  bash tests/python/run.sh
+  done_phase python
+fi
+
+echo
+echo "==== all tests passed in $((SECONDS - start)) s"
+printf '  %s\n' "${timings[@]}"

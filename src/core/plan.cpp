@@ -1,0 +1,429 @@
+// The planner (include/fp8mla/attention.h): validates a Problem, copies its index arrays and
+// partitions the work into tiles.
+//
+// Partition, a deterministic function of (Problem, PlanOptions, resolved sm_count):
+//  * Rows of a tile = q_count x head_count <= kMaxRowsPerTile (64).
+//    Head blocks: H <= 64 gives one block of all H heads, and query tokens are grouped
+//    q_count = min(qo_len, 64 / H) per tile (the last q block may be smaller); H > 64 gives
+//    blocks of 64 heads (the last one smaller) and q_count = 1. Sparse mode always has q_count = 1:
+//    each token has its own index list.
+//  * A group is (request, q block, head block). Its work is the request's length L_r: kv_len[r]
+//    when dense (with causal the last row sees all L_r tokens, so that bounds every row), topk
+//    when sparse (then the kv range is positions [0, topk) of each token's index list).
+//  * target = sm_count * ctas_per_sm, W = sum of the groups' work,
+//    chunk = round_up(max(min_chunk_tokens, ceil(W / target)), 64). Request r gets
+//    n_r = ceil(L_r / chunk) splits (1 when L_r <= chunk, so also for L_r = 0). A split request
+//    cuts [0, L_r) into n_r near-equal ranges of chunk_r = round_up(ceil(L_r / n_r), 64) <= chunk
+//    tokens (the last one shorter); that keeps n_r and balances the splits.
+//  * Tiles: requests in order, a request's tiles contiguous and ordered by (split, head block,
+//    q block), so tiles reading the same kv range are neighbours. Split requests' tiles carry
+//    split = s in [0, n_r), the others -1. qo_len = 0 gives no tiles; L_r = 0 with qo_len > 0
+//    gives tiles with kv_begin = kv_end = 0 (the backend writes o = 0, lse = -inf).
+//  * Causal masking is the backend's job: every group of a request sees the same kv ranges.
+//
+// Capacities (graph mode: they must hold every problem within options.max_*). With G groups,
+//   tiles = sum_r n_r * groups_r <= sum_r (1 + L_r / chunk) * groups_r = G + W / chunk
+//         <= G + target,
+// and G <= total_q * head_blocks (a q block holds at least one token). A split request has
+// L_r > chunk, so n_r < 1 + L_r / chunk < 2 L_r / chunk, and its partial rows are
+//   n_r * qo_len_r * H <= n_r * groups_r * R < 2 R groups_r L_r / chunk,
+// where R bounds the rows of a tile; summed over split requests that is < 2 R W / chunk <=
+// 2 R target. Hence tile_capacity = target + max_total_q * head_blocks and
+// partial_rows_capacity = 2 * R * target with R = min(64, H * min(max_qo_len, max(1, 64 / H)))
+// (a tile holds at most max_qo_len tokens; max_qo_len = 0 means max_total_q).
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+#include "fp8mla/attention.h"
+#include "fp8mla/error.h"
+#include "src/core/backend.h"
+#include "src/core/check.h"
+#include "src/core/plan_state.h"
+
+namespace fp8mla {
+namespace {
+
+using detail::msg;
+using detail::PlanState;
+using detail::require;
+using I32Span = std::span<const std::int32_t>;
+
+constexpr std::int64_t kChunkAlign = 64;  // split boundaries, in tokens (a kernel's kv tile)
+
+// Graph mode: the longest request the captured kernels are built for.
+std::int64_t graph_max_qo_len(const PlanOptions& o) {
+  return o.max_qo_len > 0 ? o.max_qo_len : o.max_total_q;
+}
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
+  return (a + b - 1) / b;
+}
+std::int64_t round_up(std::int64_t a, std::int64_t b) {
+  return ceil_div(a, b) * b;
+}
+
+// For per-element loops: builds the message only when the check failed.
+template <class... Parts>
+[[noreturn]] void fail_at(const char* name, std::int64_t index, Parts&&... message) {
+  throw Error(ErrorCode::invalid_argument, msg(name, "[", index, "]"),
+              msg(std::forward<Parts>(message)...));
+}
+
+// ---- validation ----
+
+void check_options(const PlanOptions& o) {
+  require(o.sm_count >= 0, "options.sm_count", o.sm_count, " must be >= 0 (0 = ask the device)");
+  require(o.ctas_per_sm >= 1, "options.ctas_per_sm", o.ctas_per_sm, " must be >= 1");
+  require(o.min_chunk_tokens >= 1, "options.min_chunk_tokens", o.min_chunk_tokens, " must be >= 1");
+  require(o.num_threads >= 0, "options.num_threads", o.num_threads,
+          " must be >= 0 (0 = hardware_concurrency)");
+  if (!o.cuda_graph) return;
+  require(o.max_batch > 0, "options.max_batch", o.max_batch, " must be > 0 with cuda_graph");
+  require(o.max_total_q > 0, "options.max_total_q", o.max_total_q, " must be > 0 with cuda_graph");
+  require(o.max_qo_len >= 0, "options.max_qo_len", o.max_qo_len, " must be >= 0 (0 = max_total_q)");
+  require(o.max_kv_indices > 0, "options.max_kv_indices", o.max_kv_indices,
+          " must be > 0 with cuda_graph");
+}
+
+void check_scalars(const Problem& p) {
+  require(p.num_heads >= 1 && p.num_heads <= kMaxHeads, "num_heads", p.num_heads,
+          " is outside [1, ", kMaxHeads, "]");
+  require(p.page_size >= 1 && p.page_size <= kMaxPageSize && (p.page_size & (p.page_size - 1)) == 0,
+          "page_size", p.page_size, " must be a power of two in [1, ", kMaxPageSize, "]");
+  require(p.num_pages >= 1, "num_pages", p.num_pages, " must be >= 1");
+  require(p.kv_format == KvFormat::bf16 || p.kv_format == KvFormat::fp8_e4m3 ||
+              p.kv_format == KvFormat::fp8_e4m3_block,
+          "kv_format", "unknown KvFormat value ", static_cast<int>(p.kv_format));
+  require(p.q_dtype == DType::bf16, "q_dtype", "expected bf16, got ", dtype_name(p.q_dtype));
+  require(p.out_dtype == DType::bf16, "out_dtype", "expected bf16, got ", dtype_name(p.out_dtype));
+  require(std::isfinite(p.sm_scale) && p.sm_scale > 0.0f, "sm_scale", p.sm_scale,
+          " must be finite and > 0");
+  require(p.topk >= 0, "topk", p.topk, " must be >= 0 (0 = dense)");
+  require(p.device == DeviceKind::cpu || p.device == DeviceKind::cuda, "device",
+          "unknown DeviceKind value ", static_cast<int>(p.device));
+  require(p.device_id >= 0, "device_id", p.device_id, " must be >= 0");
+}
+
+// An offsets array of `entries` values starting at 0 and never decreasing.
+void check_indptr(I32Span a, const char* name, std::size_t entries) {
+  require(a.size() == entries, name, "expected ", entries, " entries (batch + 1), got ", a.size());
+  require(a[0] == 0, msg(name, "[0]"), a[0], " must be 0");
+  for (std::size_t i = 1; i < entries; ++i) {
+    if (a[i] < a[i - 1]) {
+      fail_at(name, static_cast<std::int64_t>(i), a[i], " is less than ", name, "[", i - 1,
+              "] = ", a[i - 1], " (offsets must be non-decreasing)");
+    }
+  }
+}
+
+// The index arrays: qo_indptr always; the page table and kv_len when dense (in sparse mode only
+// when given); sparse_indices; the graph capacities.
+void check_arrays(const Problem& p, const PlanOptions& o) {
+  require(p.qo_indptr.size() >= 2, "qo_indptr", "expected batch + 1 >= 2 entries, got ",
+          p.qo_indptr.size());
+  (void)detail::narrow_i32(static_cast<std::int64_t>(p.qo_indptr.size()), "qo_indptr.size()");
+  const std::size_t batch = p.qo_indptr.size() - 1;
+  check_indptr(p.qo_indptr, "qo_indptr", batch + 1);
+  const std::int64_t total_q = p.qo_indptr[batch];
+  const bool sparse = p.topk > 0;
+
+  const bool has_pages = !sparse || !p.kv_indptr.empty() || !p.kv_indices.empty();
+  if (has_pages) {
+    check_indptr(p.kv_indptr, "kv_indptr", batch + 1);
+    require(static_cast<std::size_t>(p.kv_indptr[batch]) == p.kv_indices.size(),
+            msg("kv_indptr[", batch, "]"), p.kv_indptr[batch],
+            " must equal kv_indices.size() = ", p.kv_indices.size());
+    for (std::size_t i = 0; i < p.kv_indices.size(); ++i) {
+      const std::int32_t page = p.kv_indices[i];
+      if (page < 0 || page >= p.num_pages) {
+        fail_at("kv_indices", static_cast<std::int64_t>(i), page, " is outside the pool [0, ",
+                p.num_pages, ")");
+      }
+    }
+  }
+
+  if (!sparse || !p.kv_len.empty()) {
+    require(p.kv_len.size() == batch, "kv_len", "expected batch = ", batch, " entries, got ",
+            p.kv_len.size());
+    for (std::size_t r = 0; r < batch; ++r) {
+      const std::int64_t len = p.kv_len[r];
+      const auto ri = static_cast<std::int64_t>(r);
+      if (len < 0) fail_at("kv_len", ri, len, " must be >= 0");
+      if (has_pages) {
+        const std::int64_t pages = p.kv_indptr[r + 1] - p.kv_indptr[r];
+        if (len > pages * p.page_size) {
+          fail_at("kv_len", ri, len, " exceeds the ", pages, " pages listed x page_size ",
+                  p.page_size, " = ", pages * p.page_size, " tokens");
+        }
+      }
+      const std::int64_t qo_len = p.qo_indptr[r + 1] - p.qo_indptr[r];
+      if (!sparse && p.causal && len > 0 && qo_len > len) {
+        fail_at("kv_len", ri, len, " is less than qo_len = ", qo_len,
+                " (causal attention needs qo_len <= kv_len, or kv_len = 0)");
+      }
+    }
+  }
+
+  require(static_cast<std::int64_t>(p.sparse_indices.size()) == total_q * p.topk, "sparse_indices",
+          "expected total_q x topk = ", total_q, " x ", p.topk, " = ", total_q * p.topk,
+          " entries, got ", p.sparse_indices.size());
+  const std::int64_t slots = p.num_pages * p.page_size;
+  for (std::size_t i = 0; i < p.sparse_indices.size(); ++i) {
+    const std::int32_t slot = p.sparse_indices[i];
+    if (slot != -1 && (slot < 0 || slot >= slots)) {
+      const auto ii = static_cast<std::int64_t>(i);
+      fail_at("sparse_indices", ii, slot, " is outside the pool slots [0, ", slots,
+              ") and is not -1 (token ", ii / p.topk, ", position ", ii % p.topk, ")");
+    }
+  }
+
+  if (!o.cuda_graph) return;
+  require(static_cast<std::int64_t>(batch) <= o.max_batch, "qo_indptr", "batch ", batch,
+          " exceeds the graph capacity options.max_batch = ", o.max_batch);
+  require(total_q <= o.max_total_q, "qo_indptr", "total_q ", total_q,
+          " exceeds the graph capacity options.max_total_q = ", o.max_total_q);
+  require(static_cast<std::int64_t>(p.kv_indices.size()) <= o.max_kv_indices, "kv_indices", "size ",
+          p.kv_indices.size(),
+          " exceeds the graph capacity options.max_kv_indices = ", o.max_kv_indices);
+  const std::int64_t max_qo_len = graph_max_qo_len(o);
+  for (std::size_t r = 0; r < batch; ++r) {
+    const std::int64_t qo_len = p.qo_indptr[r + 1] - p.qo_indptr[r];
+    if (qo_len > max_qo_len) {
+      fail_at("qo_indptr", static_cast<std::int64_t>(r + 1), "request ", r, " has qo_len ", qo_len,
+              ", more than the graph's options.max_qo_len = ", max_qo_len);
+    }
+  }
+}
+
+// Parallel units the partition aims at (see PlanOptions::sm_count).
+int resolve_sm_count(const Problem& p, const PlanOptions& o) {
+  if (o.sm_count > 0) return o.sm_count;
+  if (p.device == DeviceKind::cuda) return detail::cuda_sm_count(p.device_id);
+  if (o.num_threads > 0) return o.num_threads;
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+// ---- partition ----
+
+struct Blocking {
+  int head_blocks;     // ceil(H / 64)
+  int max_q_per_tile;  // tokens per q block (before clamping to qo_len)
+};
+
+Blocking blocking(int num_heads, bool sparse) {
+  const int per_tile = kMaxRowsPerTile / num_heads;  // 0 when H > 64
+  return {static_cast<int>(ceil_div(num_heads, kMaxRowsPerTile)),
+          sparse ? 1 : std::max(1, per_tile)};
+}
+
+std::int64_t target_tiles(const PlanState& s) {
+  return static_cast<std::int64_t>(s.sm_count) * s.options.ctas_per_sm;
+}
+
+void set_capacities(PlanState& s) {
+  if (!s.options.cuda_graph) {
+    s.tile_capacity = static_cast<std::int64_t>(s.tiles.size());
+    s.partial_rows_capacity = s.partial_rows;
+    return;
+  }
+  const Blocking b = blocking(s.num_heads, s.topk > 0);
+  const std::int64_t target = target_tiles(s);
+  const std::int64_t rows_per_tile = std::min<std::int64_t>(
+      kMaxRowsPerTile,
+      s.num_heads * std::min<std::int64_t>(graph_max_qo_len(s.options), b.max_q_per_tile));
+  s.tile_capacity = target + std::int64_t{s.options.max_total_q} * b.head_blocks;
+  s.partial_rows_capacity = 2 * rows_per_tile * target;
+  if (static_cast<std::int64_t>(s.tiles.size()) > s.tile_capacity ||
+      s.partial_rows > s.partial_rows_capacity) {
+    throw Error(ErrorCode::internal, "plan",
+                msg("partition exceeds its graph capacity: ", s.tiles.size(), " tiles (capacity ",
+                    s.tile_capacity, "), ", s.partial_rows, " partial rows (capacity ",
+                    s.partial_rows_capacity, ")"));
+  }
+}
+
+void partition(PlanState& s) {
+  const bool sparse = s.topk > 0;
+  const Blocking b = blocking(s.num_heads, sparse);
+  auto qo_len = [&](int r) { return s.qo_indptr[r + 1] - s.qo_indptr[r]; };
+  auto length = [&](int r) -> std::int64_t { return sparse ? s.topk : s.kv_len[r]; };
+  auto q_blocks = [&](int r) { return ceil_div(qo_len(r), b.max_q_per_tile); };
+
+  std::int64_t work = 0;
+  for (int r = 0; r < s.batch; ++r) work += q_blocks(r) * b.head_blocks * length(r);
+  const std::int64_t chunk =
+      round_up(std::max<std::int64_t>(s.options.min_chunk_tokens, ceil_div(work, target_tiles(s))),
+               kChunkAlign);
+
+  s.tiles.clear();
+  s.num_splits.assign(s.batch, 1);
+  s.partial_offset.assign(s.batch, 0);
+  s.partial_rows = 0;
+  for (int r = 0; r < s.batch; ++r) {
+    const std::int32_t q_len = qo_len(r);
+    const std::int64_t len = length(r);
+    s.partial_offset[r] = s.partial_rows;
+    if (q_len == 0) continue;
+    const std::int64_t splits = len <= chunk ? 1 : ceil_div(len, chunk);
+    const std::int64_t chunk_r = splits == 1 ? len : round_up(ceil_div(len, splits), kChunkAlign);
+    const int q_per_tile = std::min(q_len, b.max_q_per_tile);
+    s.num_splits[r] = static_cast<std::int32_t>(splits);
+    if (splits > 1) s.partial_rows += splits * q_len * s.num_heads;
+    for (std::int64_t split = 0; split < splits; ++split) {
+      const auto kv_begin = static_cast<std::int32_t>(split * chunk_r);
+      const auto kv_end = static_cast<std::int32_t>(std::min(len, (split + 1) * chunk_r));
+      for (int hb = 0; hb < b.head_blocks; ++hb) {
+        const int head_begin = hb * kMaxRowsPerTile;
+        const int head_count = std::min(kMaxRowsPerTile, s.num_heads - head_begin);
+        for (int q_begin = 0; q_begin < q_len; q_begin += q_per_tile) {
+          s.tiles.push_back(WorkTile{
+              .request = r,
+              .q_begin = q_begin,
+              .q_count = std::min(q_per_tile, q_len - q_begin),
+              .head_begin = head_begin,
+              .head_count = head_count,
+              .kv_begin = kv_begin,
+              .kv_end = kv_end,
+              .split = splits > 1 ? static_cast<std::int32_t>(split) : -1,
+          });
+        }
+      }
+    }
+  }
+}
+
+void validate(const Problem& p, const PlanOptions& o) {
+  check_options(o);
+  check_scalars(p);
+  check_arrays(p, o);
+}
+
+// Everything but the device upload and the CPU workspace, for a validated problem.
+PlanState build_state(const Problem& p, const PlanOptions& o, int sm_count) {
+  PlanState s;
+  s.num_heads = p.num_heads;
+  s.page_size = p.page_size;
+  s.num_pages = p.num_pages;
+  s.kv_format = p.kv_format;
+  s.causal = p.causal;
+  s.sm_scale = p.sm_scale;
+  s.topk = p.topk;
+  s.device = p.device;
+  s.device_id = p.device_id;
+  s.options = o;
+  s.sm_count = sm_count;
+  s.batch = static_cast<int>(p.qo_indptr.size() - 1);
+  s.total_q = p.qo_indptr.back();
+  s.qo_indptr.assign(p.qo_indptr.begin(), p.qo_indptr.end());
+  s.kv_indptr.assign(p.kv_indptr.begin(), p.kv_indptr.end());
+  s.kv_indices.assign(p.kv_indices.begin(), p.kv_indices.end());
+  s.kv_len.assign(p.kv_len.begin(), p.kv_len.end());
+  s.sparse_indices.assign(p.sparse_indices.begin(), p.sparse_indices.end());
+  partition(s);
+  set_capacities(s);
+  return s;
+}
+
+void allocate_cpu_workspace(PlanState& s) {
+  s.partial_o.assign(static_cast<std::size_t>(s.partial_rows_capacity) * kDimCkv, 0.0f);
+  s.partial_lse.assign(static_cast<std::size_t>(s.partial_rows_capacity), 0.0f);
+}
+
+// What replan() may not change: the graph's kernels and buffers were chosen for these.
+template <class T>
+void require_same(const T& given, const T& planned, const char* name) {
+  require(given == planned, name, "differs from the graph-mode plan (planned ",
+          static_cast<std::int64_t>(planned), ", got ", static_cast<std::int64_t>(given),
+          "); make a new plan instead");
+}
+
+}  // namespace
+
+// ---- Plan ----
+
+Plan::Plan() = default;
+Plan::~Plan() = default;
+Plan::Plan(Plan&&) noexcept = default;
+Plan& Plan::operator=(Plan&&) noexcept = default;
+
+detail::PlanState& Plan::state() const {
+  if (!state_) {
+    throw Error(ErrorCode::invalid_argument, "plan",
+                "is empty (default-constructed or moved from); make one with fp8mla::plan()");
+  }
+  return *state_;
+}
+
+int Plan::batch() const {
+  return state().batch;
+}
+int Plan::total_q() const {
+  return state().total_q;
+}
+int Plan::num_heads() const {
+  return state().num_heads;
+}
+int Plan::topk() const {
+  return state().topk;
+}
+KvFormat Plan::kv_format() const {
+  return state().kv_format;
+}
+DeviceKind Plan::device() const {
+  return state().device;
+}
+std::span<const WorkTile> Plan::tiles() const {
+  return state().tiles;
+}
+std::span<const std::int32_t> Plan::num_splits() const {
+  return state().num_splits;
+}
+std::int64_t Plan::partial_rows() const {
+  return state().partial_rows;
+}
+
+Plan plan(const Problem& problem, const PlanOptions& options) {
+  // Validate before asking the device, so bad input reads as bad input in any build.
+  validate(problem, options);
+  auto state = std::make_unique<PlanState>(
+      build_state(problem, options, resolve_sm_count(problem, options)));
+  if (state->device == DeviceKind::cuda) {
+    detail::cuda_upload_plan(*state);
+  } else {
+    allocate_cpu_workspace(*state);
+  }
+  Plan p;
+  p.state_ = std::move(state);
+  return p;
+}
+
+void replan(Plan& p, const Problem& problem) {
+  PlanState& s = p.state();
+  require(s.options.cuda_graph, "plan",
+          "replan() needs a plan made with options.cuda_graph = true; call plan() instead");
+  require_same(problem.num_heads, s.num_heads, "num_heads");
+  require_same(problem.kv_format, s.kv_format, "kv_format");
+  require_same(problem.page_size, s.page_size, "page_size");
+  require_same(problem.topk, s.topk, "topk");
+  require_same(problem.device, s.device, "device");
+  require_same(problem.device_id, s.device_id, "device_id");
+  // Same options and sm_count as the original, so the capacities (and buffers) still fit.
+  validate(problem, s.options);
+  PlanState next = build_state(problem, s.options, s.sm_count);
+  if (next.device == DeviceKind::cuda) {
+    next.cuda = std::move(s.cuda);
+    try {
+      detail::cuda_upload_plan(next);
+    } catch (...) {
+      s.cuda = std::move(next.cuda);
+      throw;
+    }
+  } else {
+    next.partial_o = std::move(s.partial_o);
+    next.partial_lse = std::move(s.partial_lse);
+  }
+  s = std::move(next);
+}
+
+}  // namespace fp8mla

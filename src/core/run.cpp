@@ -1,0 +1,130 @@
+// run(), merge_states() and the build facts (include/fp8mla/attention.h): host-side checks of
+// the arguments against the plan, then dispatch to the plan's backend.
+#include <cmath>
+#include <string>
+
+#include "fp8mla/attention.h"
+#include "fp8mla/error.h"
+#include "src/core/backend.h"
+#include "src/core/check.h"
+#include "src/core/plan_state.h"
+
+#ifndef FP8MLA_VERSION
+#error "FP8MLA_VERSION must be defined by the build (src/CMakeLists.txt)"
+#endif
+
+namespace fp8mla {
+namespace {
+
+using detail::check_tensor;
+using detail::PlanState;
+using detail::require;
+
+// The cache view: its format as planned, and each half with the dtype and
+// [num_pages, page_size, width] shape that format stores.
+void check_cache(const PlanState& s, const KvCacheView& kv) {
+  require(kv.format == s.kv_format, "kv.format", "expected ", format_name(s.kv_format),
+          " (planned), got ", format_name(kv.format));
+  const std::int64_t pages = s.num_pages;
+  const std::int64_t page = s.page_size;
+  switch (kv.format) {
+    case KvFormat::bf16:
+      check_tensor(kv.ckv, "kv.ckv", {DType::bf16}, {pages, page, kDimCkv}, s.device, s.device_id);
+      check_tensor(kv.kpe, "kv.kpe", {DType::bf16}, {pages, page, kDimKpe}, s.device, s.device_id);
+      return;
+    case KvFormat::fp8_e4m3:
+      // Many frameworks store FP8 as bytes: u8 is the same data.
+      check_tensor(kv.ckv, "kv.ckv", {DType::fp8_e4m3, DType::u8}, {pages, page, kDimCkv}, s.device,
+                   s.device_id);
+      check_tensor(kv.kpe, "kv.kpe", {DType::fp8_e4m3, DType::u8}, {pages, page, kDimKpe}, s.device,
+                   s.device_id);
+      require(std::isfinite(kv.ckv_scale) && kv.ckv_scale > 0.0f, "kv.ckv_scale", kv.ckv_scale,
+              " must be finite and > 0");
+      require(std::isfinite(kv.kpe_scale) && kv.kpe_scale > 0.0f, "kv.kpe_scale", kv.kpe_scale,
+              " must be finite and > 0");
+      return;
+    case KvFormat::fp8_e4m3_block:
+      // The whole 656-byte token; FlashMLA hands it over typed as float8_e4m3fn.
+      check_tensor(kv.ckv, "kv.ckv", {DType::u8, DType::fp8_e4m3},
+                   {pages, page, token_bytes(KvFormat::fp8_e4m3_block)}, s.device, s.device_id);
+      return;
+  }
+  require(false, "kv.format", "unknown KvFormat value ", static_cast<int>(kv.format));
+}
+
+// Like check_tensor, but any non-negative innermost stride: lse values are read one at a time,
+// so a states-major buffer passed as a permuted view is fine.
+void check_any_stride(const TensorView& t, const std::string& name,
+                      std::initializer_list<std::int64_t> shape, DeviceKind device, int device_id) {
+  TensorView inner_unit = t;
+  const bool ranked = t.ndim >= 1 && t.ndim <= kMaxDims;
+  if (ranked) {
+    require(t.stride[t.ndim - 1] >= 0, detail::msg(name, ".stride[", t.ndim - 1, "]"),
+            "negative strides are not supported");
+    inner_unit.stride[t.ndim - 1] = 1;
+  }
+  check_tensor(inner_unit, name, {DType::f32}, shape, device, device_id);
+}
+
+}  // namespace
+
+void run(const Plan& p, const RunArgs& args) {
+  PlanState& s = p.state();
+  // A batch whose requests have no query tokens has nothing to compute or write.
+  if (s.total_q == 0) return;
+  const std::int64_t tq = s.total_q;
+  const std::int64_t h = s.num_heads;
+  check_tensor(args.q_nope, "q_nope", {DType::bf16}, {tq, h, kDimCkv}, s.device, s.device_id);
+  check_tensor(args.q_pe, "q_pe", {DType::bf16}, {tq, h, kDimKpe}, s.device, s.device_id);
+  check_tensor(args.out, "out", {DType::bf16}, {tq, h, kDimCkv}, s.device, s.device_id);
+  if (args.lse.defined()) {
+    check_tensor(args.lse, "lse", {DType::f32}, {tq, h}, s.device, s.device_id);
+  }
+  check_cache(s, args.kv);
+  if (args.sparse_indices.defined()) {
+    require(s.topk > 0, "sparse_indices", "given, but the plan is dense (topk = 0)");
+    check_tensor(args.sparse_indices, "sparse_indices", {DType::i32}, {tq, s.topk}, s.device,
+                 s.device_id);
+  }
+
+  if (s.device == DeviceKind::cuda) {
+    detail::cuda_run(s, args);
+  } else if (s.options.cpu_reference) {
+    detail::cpu_reference(s, args);
+  } else {
+    detail::cpu_run(s, args);
+  }
+}
+
+void merge_states(const TensorView& v, const TensorView& s, const TensorView& v_out,
+                  const TensorView& s_out, void* stream) {
+  // Every tensor lives where v does.
+  const DeviceKind device = v.device;
+  const int id = v.device_id;
+  check_tensor(v, "v", {DType::f32, DType::bf16}, {-1, -1, -1}, device, id);
+  const std::int64_t rows = v.shape[0];
+  const std::int64_t states = v.shape[1];
+  const std::int64_t dim = v.shape[2];
+  require(states >= 1, "v.shape[1]", "num_states must be >= 1, got ", states);
+  require(dim >= 1, "v.shape[2]", "D must be >= 1, got ", dim);
+  check_any_stride(s, "s", {rows, states}, device, id);
+  check_tensor(v_out, "v_out", {DType::f32, DType::bf16}, {rows, dim}, device, id);
+  if (s_out.defined()) check_any_stride(s_out, "s_out", {rows}, device, id);
+  if (rows == 0) return;
+
+  if (device == DeviceKind::cuda) {
+    detail::cuda_merge_states(v, s, v_out, s_out, stream);
+  } else {
+    detail::cpu_merge_states(v, s, v_out, s_out);
+  }
+}
+
+bool cuda_available() {
+  return detail::cuda_built() && detail::cuda_device_count() > 0;
+}
+
+const char* version() {
+  return FP8MLA_VERSION;
+}
+
+}  // namespace fp8mla

@@ -1,0 +1,258 @@
+// Launchers: run() on a CUDA plan (decode kernel + split-KV merge) and merge_states().
+#include <array>
+#include <cmath>
+#include <mutex>
+
+#include "src/core/backend.h"
+#include "src/core/check.h"
+#include "src/cuda/cuda_util.cuh"
+#include "src/cuda/decode_kernel.cuh"
+#include "src/cuda/plan_buffers.h"
+
+namespace fp8mla::detail {
+
+namespace {
+
+constexpr int kMergeWarps = 8;
+
+// Combines the split partials of one output row per warp (plan-driven split-KV merge).
+__global__ void __launch_bounds__(32 * kMergeWarps) split_merge_kernel(const MergeParams p) {
+  const int item = blockIdx.x * kMergeWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (item >= *p.num_items) return;
+  const MergeItem it = p.items[item];
+  const int qo = p.qo_indptr[it.request + 1] - p.qo_indptr[it.request];
+  const int n = p.num_splits[it.request];
+  const std::int64_t base = p.partial_offset[it.request] + it.row;
+  const std::int64_t stride = static_cast<std::int64_t>(qo) * p.num_heads;
+  float mx = -INFINITY;
+  for (int s = 0; s < n; ++s) mx = fmaxf(mx, p.partial_lse[base + s * stride]);
+  float4 acc[4] = {};
+  float wsum = 0.0f;
+  if (mx != -INFINITY) {
+    for (int s = 0; s < n; ++s) {
+      const float w = __expf(p.partial_lse[base + s * stride] - mx);
+      wsum += w;
+      const float4* v = reinterpret_cast<const float4*>(p.partial_o + (base + s * stride) * 512);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float4 x = v[lane + 32 * i];
+        acc[i].x += w * x.x, acc[i].y += w * x.y, acc[i].z += w * x.z, acc[i].w += w * x.w;
+      }
+    }
+  }
+  const float inv = wsum > 0.0f ? 1.0f / wsum : wsum == 0.0f ? 0.0f : NAN;  // NaN in, NaN out
+  const std::int64_t token = p.qo_indptr[it.request] + it.row / p.num_heads;
+  const std::int64_t head = it.row % p.num_heads;
+  __nv_bfloat16* dst = p.out + token * p.out_stride[0] + head * p.out_stride[1];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c = 4 * (lane + 32 * i);
+    *reinterpret_cast<__nv_bfloat162*>(dst + c) = __floats2bfloat162_rn(acc[i].x * inv, acc[i].y * inv);
+    *reinterpret_cast<__nv_bfloat162*>(dst + c + 2) =
+        __floats2bfloat162_rn(acc[i].z * inv, acc[i].w * inv);
+  }
+  if (p.lse != nullptr && lane == 0) {
+    p.lse[token * p.lse_stride[0] + head * p.lse_stride[1]] =
+        wsum > 0.0f ? mx + logf(wsum) : wsum == 0.0f ? -INFINITY : NAN;
+  }
+}
+
+// merge_states(): general strides and dtypes, one warp per row.
+template <class In, class Out>
+__global__ void merge_states_kernel(const In* v, std::int64_t v_r, std::int64_t v_s,
+                                    const float* s, std::int64_t s_r, std::int64_t s_s, Out* vo,
+                                    std::int64_t vo_r, float* so, std::int64_t so_r,
+                                    std::int64_t rows, int states, int dim) {
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kMergeWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  float mx = -INFINITY;
+  for (int i = 0; i < states; ++i) mx = fmaxf(mx, s[row * s_r + i * s_s]);
+  float wsum = 0.0f;
+  if (mx != -INFINITY)
+    for (int i = 0; i < states; ++i) wsum += __expf(s[row * s_r + i * s_s] - mx);
+  const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
+  for (int d = lane; d < dim; d += 32) {
+    float acc = 0.0f;
+    if (mx != -INFINITY)
+      for (int i = 0; i < states; ++i) {
+        const float w = __expf(s[row * s_r + i * s_s] - mx);
+        if (w > 0.0f) acc += w * static_cast<float>(v[row * v_r + i * v_s + d]);
+      }
+    vo[row * vo_r + d] = static_cast<Out>(acc * inv);
+  }
+  if (so != nullptr && lane == 0) so[row * so_r] = wsum > 0.0f ? mx + logf(wsum) : -INFINITY;
+}
+
+// ---- the dispatch table: (format, row tiles) -> kernel instantiation ----
+using DecodeFn = void (*)(const DecodeParams);
+struct KernelEntry {
+  DecodeFn fn;
+  int smem;
+};
+template <KvFormat F, int MT>
+constexpr KernelEntry entry() {
+  return {&mla_decode_kernel<F, MT>, decode::Smem<F, MT>::kBytes};
+}
+constexpr int row_tile_index(int mt) { return mt == 1 ? 0 : mt == 2 ? 1 : 2; }
+const std::array<std::array<KernelEntry, 3>, 3> kDecodeKernels = {{
+    {entry<KvFormat::bf16, 1>(), entry<KvFormat::bf16, 2>(), entry<KvFormat::bf16, 4>()},
+    {entry<KvFormat::fp8_e4m3, 1>(), entry<KvFormat::fp8_e4m3, 2>(),
+     entry<KvFormat::fp8_e4m3, 4>()},
+    {entry<KvFormat::fp8_e4m3_block, 1>(), entry<KvFormat::fp8_e4m3_block, 2>(),
+     entry<KvFormat::fp8_e4m3_block, 4>()},
+}};
+
+// Raises each kernel's dynamic shared-memory limit once per process (and device).
+void prepare(const KernelEntry& k) {
+  static std::mutex mu;
+  static std::array<const void*, 16> done{};
+  std::lock_guard<std::mutex> lock(mu);
+  for (const void* d : done)
+    if (d == reinterpret_cast<const void*>(k.fn)) return;
+  FP8MLA_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
+  for (const void*& d : done)
+    if (d == nullptr) {
+      d = reinterpret_cast<const void*>(k.fn);
+      break;
+    }
+}
+
+void require_aligned(const void* p, std::int64_t bytes_stride_a, std::int64_t bytes_stride_b,
+                     int align, const std::string& name) {
+  const bool ok = reinterpret_cast<std::uintptr_t>(p) % align == 0 && bytes_stride_a % align == 0 &&
+                  bytes_stride_b % align == 0;
+  if (!ok) {
+    throw Error(ErrorCode::invalid_argument, name,
+                msg("the CUDA kernels need ", align,
+                    "-byte aligned data and outer strides (pointer ", p, ", strides ",
+                    bytes_stride_a, " and ", bytes_stride_b, " bytes)"));
+  }
+}
+
+std::int64_t byte_stride(const TensorView& t, int dim) {
+  return t.stride[dim] * static_cast<std::int64_t>(dtype_size(t.dtype));
+}
+
+}  // namespace
+
+void cuda_run(PlanState& plan, const RunArgs& args) {
+  CudaPlanBuffers& b = *plan.cuda;
+  FP8MLA_CUDA_CHECK(cudaSetDevice(plan.device_id));
+  const auto stream = static_cast<cudaStream_t>(args.stream);
+  const KvCacheView& kv = args.kv;
+  require_aligned(args.q_nope.data, byte_stride(args.q_nope, 0), byte_stride(args.q_nope, 1), 16,
+                  "q_nope");
+  require_aligned(args.q_pe.data, byte_stride(args.q_pe, 0), byte_stride(args.q_pe, 1), 16, "q_pe");
+  require_aligned(kv.ckv.data, byte_stride(kv.ckv, 0), byte_stride(kv.ckv, 1), 16, "kv.ckv");
+  if (kv.format != KvFormat::fp8_e4m3_block)
+    require_aligned(kv.kpe.data, byte_stride(kv.kpe, 0), byte_stride(kv.kpe, 1), 16, "kv.kpe");
+  require_aligned(args.out.data, byte_stride(args.out, 0), byte_stride(args.out, 1), 4, "out");
+
+  DecodeParams p{};
+  p.tiles = b.tiles;
+  p.num_tiles = b.counts;
+  p.qo_indptr = b.qo_indptr;
+  p.kv_indptr = b.kv_indptr;
+  p.kv_indices = b.kv_indices;
+  p.kv_len = b.kv_len;
+  p.sparse_indices = args.sparse_indices.defined()
+                         ? static_cast<const std::int32_t*>(args.sparse_indices.data)
+                         : b.sparse;
+  p.partial_offset = b.partial_offset;
+  p.topk = plan.topk;
+  p.num_heads = plan.num_heads;
+  p.page_shift = 0;
+  while ((1 << p.page_shift) < plan.page_size) ++p.page_shift;
+  p.pool_slots = plan.num_pages * plan.page_size;
+  p.causal = plan.causal;
+  const float s = plan.sm_scale * decode::kLog2e;
+  const bool per_tensor = kv.format == KvFormat::fp8_e4m3;
+  p.scale_nope = per_tensor ? s * kv.ckv_scale : s;
+  p.scale_pe = per_tensor ? s * kv.kpe_scale : s;
+  p.out_scale = per_tensor ? kv.ckv_scale : 1.0f;
+  p.q_nope = static_cast<const __nv_bfloat16*>(args.q_nope.data);
+  p.q_nope_stride[0] = args.q_nope.stride[0];
+  p.q_nope_stride[1] = args.q_nope.stride[1];
+  p.q_pe = static_cast<const __nv_bfloat16*>(args.q_pe.data);
+  p.q_pe_stride[0] = args.q_pe.stride[0];
+  p.q_pe_stride[1] = args.q_pe.stride[1];
+  p.ckv = static_cast<const std::uint8_t*>(kv.ckv.data);
+  p.ckv_page_stride = byte_stride(kv.ckv, 0);
+  p.ckv_token_stride = byte_stride(kv.ckv, 1);
+  if (kv.format != KvFormat::fp8_e4m3_block) {
+    p.kpe = static_cast<const std::uint8_t*>(kv.kpe.data);
+    p.kpe_page_stride = byte_stride(kv.kpe, 0);
+    p.kpe_token_stride = byte_stride(kv.kpe, 1);
+  }
+  p.out = static_cast<__nv_bfloat16*>(args.out.data);
+  p.out_stride[0] = args.out.stride[0];
+  p.out_stride[1] = args.out.stride[1];
+  p.lse = args.lse.defined() ? static_cast<float*>(args.lse.data) : nullptr;
+  if (p.lse != nullptr) {
+    p.lse_stride[0] = args.lse.stride[0];
+    p.lse_stride[1] = args.lse.stride[1];
+  }
+  p.partial_o = b.partial_o;
+  p.partial_lse = b.partial_lse;
+
+  // Graph-mode plans launch their full capacity (idle CTAs exit at once), so a captured launch
+  // stays valid when replan() changes the tile count.
+  const std::int64_t grid = b.graph ? b.cap_tiles : b.num_tiles;
+  if (grid > 0) {
+    const KernelEntry& k =
+        kDecodeKernels[static_cast<int>(kv.format)][row_tile_index(b.row_tiles)];
+    prepare(k);
+    k.fn<<<static_cast<unsigned>(grid), decode::kThreads, k.smem, stream>>>(p);
+    FP8MLA_CUDA_CHECK_LAUNCH("mla_decode_kernel");
+  }
+  const std::int64_t merge_items = b.graph ? b.cap_merge : b.num_merge;
+  if (merge_items > 0) {
+    MergeParams m{};
+    m.items = b.merge;
+    m.num_items = b.counts + 1;
+    m.qo_indptr = b.qo_indptr;
+    m.num_splits = b.num_splits;
+    m.partial_offset = b.partial_offset;
+    m.num_heads = plan.num_heads;
+    m.partial_o = b.partial_o;
+    m.partial_lse = b.partial_lse;
+    m.out = p.out;
+    m.out_stride[0] = p.out_stride[0];
+    m.out_stride[1] = p.out_stride[1];
+    m.lse = p.lse;
+    m.lse_stride[0] = p.lse_stride[0];
+    m.lse_stride[1] = p.lse_stride[1];
+    const auto blocks = static_cast<unsigned>((merge_items + kMergeWarps - 1) / kMergeWarps);
+    split_merge_kernel<<<blocks, 32 * kMergeWarps, 0, stream>>>(m);
+    FP8MLA_CUDA_CHECK_LAUNCH("split_merge_kernel");
+  }
+}
+
+void cuda_merge_states(const TensorView& v, const TensorView& s, const TensorView& v_out,
+                       const TensorView& s_out, void* stream) {
+  FP8MLA_CUDA_CHECK(cudaSetDevice(v.device_id));
+  const std::int64_t rows = v.shape[0];
+  if (rows == 0) return;
+  const int states = static_cast<int>(v.shape[1]), dim = static_cast<int>(v.shape[2]);
+  const auto blocks = static_cast<unsigned>((rows + kMergeWarps - 1) / kMergeWarps);
+  float* so = s_out.defined() ? static_cast<float*>(s_out.data) : nullptr;
+  const std::int64_t so_r = s_out.defined() ? s_out.stride[0] : 0;
+  const auto launch = [&](auto* in, auto* out) {
+    merge_states_kernel<<<blocks, 32 * kMergeWarps, 0, static_cast<cudaStream_t>(stream)>>>(
+        in, v.stride[0], v.stride[1], static_cast<const float*>(s.data), s.stride[0], s.stride[1],
+        out, v_out.stride[0], so, so_r, rows, states, dim);
+    FP8MLA_CUDA_CHECK_LAUNCH("merge_states_kernel");
+  };
+  const bool in_f32 = v.dtype == DType::f32, out_f32 = v_out.dtype == DType::f32;
+  auto* vi32 = static_cast<const float*>(v.data);
+  auto* vib = static_cast<const __nv_bfloat16*>(v.data);
+  auto* vo32 = static_cast<float*>(v_out.data);
+  auto* vob = static_cast<__nv_bfloat16*>(v_out.data);
+  if (in_f32 && out_f32) launch(vi32, vo32);
+  if (in_f32 && !out_f32) launch(vi32, vob);
+  if (!in_f32 && out_f32) launch(vib, vo32);
+  if (!in_f32 && !out_f32) launch(vib, vob);
+}
+
+}  // namespace fp8mla::detail

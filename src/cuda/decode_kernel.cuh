@@ -1,0 +1,394 @@
+// The MLA decode kernel: one CTA per WorkTile (request, query block, head block, kv range).
+//
+// Per block of 64 cache tokens:
+//   1. cp.async the tokens' raw bytes (any format, paged or gathered per token, 16-byte vectors)
+//      into a shared staging buffer, kStages blocks ahead;
+//   2. fp8 formats: dequantize the staged codes to bf16 in shared memory (exact: codes are
+//      small-mantissa values, block scales are powers of two; a per-tensor scale is applied to
+//      the scores and the output instead, so the tensor-core inputs are exact);
+//   3. S = Q K^T on tensor cores (mma.sync m16n8k16 bf16, fp32 accumulators): warp w owns tokens
+//      [8w, 8w + 8) of the block, all rows;
+//   4. online softmax in fp32 (log2 domain), row max and sum exchanged through shared memory;
+//   5. O += P V: warp w owns output columns [64w, 64w + 64), all rows.
+// The epilogue writes bf16 out + lse, or an fp32 partial (o, lse) row when the request is split.
+#pragma once
+
+#include <cfloat>
+#include <cstdint>
+
+#include "src/cuda/cuda_util.cuh"
+#include "src/cuda/decode_params.h"
+
+namespace fp8mla::detail {
+
+namespace decode {
+
+inline constexpr int kThreads = 256;
+inline constexpr int kWarps = kThreads / 32;
+inline constexpr int kBlockN = 64;       // cache tokens per block
+inline constexpr int kRowElems = 576 + 8;  // bf16 row pitch in smem: 1168 B, ldmatrix conflict-free
+inline constexpr int kPElems = kBlockN + 8;
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kLn2 = 0.6931471805599453f;
+
+constexpr int raw_token_bytes(KvFormat f) {
+  return f == KvFormat::bf16 ? 0 : f == KvFormat::fp8_e4m3 ? 576 : 656;
+}
+
+// Shared-memory plan of one instantiation. bf16 caches are staged straight into the bf16 tile
+// (kStages tiles); fp8 caches keep kStages raw staging buffers and one dequantized tile.
+template <KvFormat F, int MT>
+struct Smem {
+  static constexpr int kRows = 16 * MT;
+  static constexpr int kQBytes = kRows * kRowElems * 2;
+  static constexpr int kTileBytes = kBlockN * kRowElems * 2;
+  static constexpr int kRawBytes = kBlockN * raw_token_bytes(F);
+  static constexpr int kPBytes = kRows * kPElems * 2;
+  static constexpr int kRedBytes = 2 * kWarps * kRows * 4;
+  static constexpr int kFlagBytes = 2 * kBlockN;  // per stage (at most 2)
+  static constexpr int fixed() { return kQBytes + kPBytes + kRedBytes + kFlagBytes; }
+  static constexpr int bytes_for(int stages) {
+    return F == KvFormat::bf16 ? fixed() + stages * kTileBytes
+                               : fixed() + kTileBytes + stages * kRawBytes;
+  }
+  // Two stages when they fit in the 227 KB a CTA may use, else one.
+  static constexpr int kStages = bytes_for(2) <= 227 * 1024 ? 2 : 1;
+  static constexpr int kBytes = bytes_for(kStages);
+  static constexpr int kTiles = F == KvFormat::bf16 ? kStages : 1;
+  // Offsets.
+  static constexpr int kQ = 0;
+  static constexpr int kTile = kQ + kQBytes;
+  static constexpr int kRaw = kTile + kTiles * kTileBytes;
+  static constexpr int kP = kRaw + (F == KvFormat::bf16 ? 0 : kStages * kRawBytes);
+  static constexpr int kRedMax = kP + kPBytes;
+  static constexpr int kRedSum = kRedMax + kWarps * kRows * 4;
+  static constexpr int kFlags = kRedSum + kWarps * kRows * 4;
+  static_assert(kBytes <= 227 * 1024, "tile does not fit in shared memory");
+};
+
+// Byte address of cache token j of the tile's sequence, or null when the slot is skipped.
+struct TokenAddr {
+  const std::uint8_t* ckv;
+  const std::uint8_t* kpe;
+};
+
+__device__ __forceinline__ TokenAddr token_addr(const DecodeParams& p, const WorkTile& t,
+                                                int q_token, int j) {
+  std::int64_t page, offset;
+  if (p.topk > 0) {
+    const std::int64_t slot = p.sparse_indices[static_cast<std::int64_t>(q_token) * p.topk + j];
+    if (slot < 0 || slot >= p.pool_slots) return {nullptr, nullptr};
+    page = slot >> p.page_shift;
+    offset = slot & ((1 << p.page_shift) - 1);
+  } else {
+    page = p.kv_indices[p.kv_indptr[t.request] + (j >> p.page_shift)];
+    offset = j & ((1 << p.page_shift) - 1);
+  }
+  return {p.ckv + page * p.ckv_page_stride + offset * p.ckv_token_stride,
+          p.kpe == nullptr ? nullptr : p.kpe + page * p.kpe_page_stride + offset * p.kpe_token_stride};
+}
+
+// Issue the cp.async copies of block `blk` into stage `stage`; 4 threads per token.
+template <KvFormat F, int MT>
+__device__ __forceinline__ void load_block(const DecodeParams& p, const WorkTile& t, int q_token,
+                                           std::uint8_t* smem, int blk, int stage) {
+  using S = Smem<F, MT>;
+  const int tok = threadIdx.x / 4, sub = threadIdx.x % 4;
+  const int j = t.kv_begin + blk * kBlockN + tok;
+  TokenAddr a{nullptr, nullptr};
+  if (j < t.kv_end) a = token_addr(p, t, q_token, j);
+  const bool valid = a.ckv != nullptr;
+  if (sub == 0) smem[S::kFlags + stage * kBlockN + tok] = valid ? 1 : 0;
+  const std::uint8_t* fallback = p.ckv;  // a mapped address for zero-fill copies
+  if constexpr (F == KvFormat::bf16) {
+    std::uint8_t* dst = smem + S::kTile + stage * S::kTileBytes + tok * kRowElems * 2;
+    for (int c = sub; c < 72; c += 4) {
+      const std::uint8_t* src = c < 64 ? a.ckv + 16 * c : a.kpe + 16 * (c - 64);
+      cp_async_16(dst + 16 * c, valid ? src : fallback, valid);
+    }
+  } else if constexpr (F == KvFormat::fp8_e4m3) {
+    std::uint8_t* dst = smem + S::kRaw + stage * S::kRawBytes + tok * 576;
+    for (int c = sub; c < 36; c += 4) {
+      const std::uint8_t* src = c < 32 ? a.ckv + 16 * c : a.kpe + 16 * (c - 32);
+      cp_async_16(dst + 16 * c, valid ? src : fallback, valid);
+    }
+  } else {
+    std::uint8_t* dst = smem + S::kRaw + stage * S::kRawBytes + tok * 656;
+    for (int c = sub; c < 41; c += 4) cp_async_16(dst + 16 * c, valid ? a.ckv + 16 * c : fallback, valid);
+  }
+}
+
+// Dequantize the staged block into the bf16 tile.
+template <KvFormat F, int MT>
+__device__ __forceinline__ void dequantize_block(std::uint8_t* smem, int stage) {
+  using S = Smem<F, MT>;
+  const std::uint8_t* raw = smem + S::kRaw + stage * S::kRawBytes;
+  std::uint8_t* tile = smem + S::kTile;
+  constexpr int kItems = F == KvFormat::fp8_e4m3 ? 36 : 40;  // 16-code chunks (+ 8 rope chunks)
+  for (int i = threadIdx.x; i < kBlockN * kItems; i += kThreads) {
+    const int tok = i / kItems, c = i % kItems;
+    std::uint8_t* dst_row = tile + tok * kRowElems * 2;
+    if (F == KvFormat::fp8_e4m3_block && c >= 32) {
+      // rope: 8 bf16 values copied as they are
+      *reinterpret_cast<uint4*>(dst_row + 2 * (512 + 8 * (c - 32))) =
+          *reinterpret_cast<const uint4*>(raw + tok * 656 + 528 + 16 * (c - 32));
+      continue;
+    }
+    const std::uint8_t* src = raw + tok * raw_token_bytes(F) + 16 * c;
+    const uint4 codes = *reinterpret_cast<const uint4*>(src);
+    float scale = 1.0f;
+    if constexpr (F == KvFormat::fp8_e4m3_block) {
+      scale = *reinterpret_cast<const float*>(raw + tok * 656 + 512 + 4 * (c / 8));
+    }
+    const std::uint32_t w[4] = {codes.x, codes.y, codes.z, codes.w};
+    std::uint32_t out[8];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 lo = fp8x2_to_float2(static_cast<std::uint16_t>(w[k] & 0xffff));
+      const float2 hi = fp8x2_to_float2(static_cast<std::uint16_t>(w[k] >> 16));
+      out[2 * k] = float2_to_bf16x2(lo.x * scale, lo.y * scale);
+      out[2 * k + 1] = float2_to_bf16x2(hi.x * scale, hi.y * scale);
+    }
+    uint4* dst = reinterpret_cast<uint4*>(dst_row + 2 * 16 * c);
+    dst[0] = make_uint4(out[0], out[1], out[2], out[3]);
+    dst[1] = make_uint4(out[4], out[5], out[6], out[7]);
+  }
+}
+
+}  // namespace decode
+
+template <KvFormat F, int MT>
+__global__ void __launch_bounds__(decode::kThreads, 1) mla_decode_kernel(const DecodeParams p) {
+  using namespace decode;
+  using S = Smem<F, MT>;
+  constexpr int kRows = S::kRows;
+  constexpr int kStages = S::kStages;
+  if (static_cast<int>(blockIdx.x) >= *p.num_tiles) return;
+  extern __shared__ __align__(128) std::uint8_t smem[];
+  const WorkTile t = p.tiles[blockIdx.x];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int rows = t.q_count * t.head_count;
+  const int q_first = p.qo_indptr[t.request] + t.q_begin;  // global index of the tile's first token
+  const int qo_len = p.qo_indptr[t.request + 1] - p.qo_indptr[t.request];
+  const int kv_len = p.topk > 0 ? 0 : p.kv_len[t.request];
+  const int n_blocks = (t.kv_end - t.kv_begin + kBlockN - 1) / kBlockN;
+
+  // Prologue: the first kStages blocks in flight, then Q into shared memory (bf16 rows).
+#pragma unroll
+  for (int s = 0; s < kStages; ++s) {
+    if (s < n_blocks) load_block<F, MT>(p, t, q_first, smem, s, s);
+    cp_async_commit();
+  }
+  __nv_bfloat16* q_s = reinterpret_cast<__nv_bfloat16*>(smem + S::kQ);
+  for (int i = threadIdx.x; i < kRows * 72; i += kThreads) {
+    const int r = i / 72, c = i % 72;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r < rows) {
+      const std::int64_t tok = q_first + r / t.head_count, h = t.head_begin + r % t.head_count;
+      const __nv_bfloat16* src =
+          c < 64 ? p.q_nope + tok * p.q_nope_stride[0] + h * p.q_nope_stride[1] + 8 * c
+                 : p.q_pe + tok * p.q_pe_stride[0] + h * p.q_pe_stride[1] + 8 * (c - 64);
+      v = *reinterpret_cast<const uint4*>(src);
+    }
+    *reinterpret_cast<uint4*>(q_s + r * kRowElems + 8 * c) = v;
+  }
+
+  // Per-thread softmax state for its rows: m-tile m, half h -> row 16m + lane/4 + 8h.
+  float row_max[MT][2], row_sum[MT][2];
+  float o[MT][8][4];
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
+    row_max[m][0] = row_max[m][1] = -INFINITY;
+    row_sum[m][0] = row_sum[m][1] = 0.0f;
+#pragma unroll
+    for (int n = 0; n < 8; ++n) o[m][n][0] = o[m][n][1] = o[m][n][2] = o[m][n][3] = 0.0f;
+  }
+  // Causal bound of each of the thread's rows (last visible token, inclusive).
+  int row_limit[MT][2];
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = 16 * m + lane / 4 + 8 * h;
+      const int qi = t.q_begin + r / t.head_count;
+      row_limit[m][h] = r >= rows ? -1
+                        : (p.topk == 0 && p.causal) ? kv_len - qo_len + qi
+                                                    : INT32_MAX;
+    }
+
+  __nv_bfloat16* p_s = reinterpret_cast<__nv_bfloat16*>(smem + S::kP);
+  float* red_max = reinterpret_cast<float*>(smem + S::kRedMax);
+  float* red_sum = reinterpret_cast<float*>(smem + S::kRedSum);
+
+  for (int blk = 0; blk < n_blocks; ++blk) {
+    const int stage = blk % kStages;
+    cp_async_wait<kStages - 1>();
+    __syncthreads();
+    // Read this block's token flags before a refill of the stage overwrites them.
+    const int tok0 = 8 * warp + 2 * (lane % 4);
+    const std::uint8_t* flags = smem + S::kFlags + stage * kBlockN;
+    const bool tok_ok[2] = {flags[tok0] != 0, flags[tok0 + 1] != 0};
+    if constexpr (F != KvFormat::bf16) {
+      dequantize_block<F, MT>(smem, stage);
+      __syncthreads();
+      // The raw stage is free again: refill it with the block kStages ahead.
+      if (blk + kStages < n_blocks) load_block<F, MT>(p, t, q_first, smem, blk + kStages, stage);
+      cp_async_commit();
+    }
+    const __nv_bfloat16* k_s =
+        reinterpret_cast<const __nv_bfloat16*>(smem + S::kTile + (S::kTiles > 1 ? stage : 0) * S::kTileBytes);
+
+    // ---- S = Q K^T for tokens [8 warp, 8 warp + 8) ----
+    float s_nope[MT][4], s_pe[MT][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s_nope[m][i] = s_pe[m][i] = 0.0f;
+    const __nv_bfloat16* k_row = k_s + (8 * warp + lane % 8) * kRowElems + (lane / 8) * 8;
+    // Two k-steps (32 dims) per ldmatrix.x4 of K; the nope and rope parts keep separate
+    // accumulators so a per-tensor fp8 cache can scale them differently.
+    auto qk_steps = [&](float (&acc)[MT][4], int k) {
+      std::uint32_t b[4];
+      ldmatrix_x4(b, k_row + 16 * k);
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        std::uint32_t a0[4], a1[4];
+        const __nv_bfloat16* q_row = q_s + (16 * m + lane % 16) * kRowElems + (lane / 16) * 8;
+        ldmatrix_x4(a0, q_row + 16 * k);
+        ldmatrix_x4(a1, q_row + 16 * (k + 1));
+        mma_bf16_16816(acc[m], a0, b[0], b[1]);
+        mma_bf16_16816(acc[m], a1, b[2], b[3]);
+      }
+    };
+#pragma unroll 4
+    for (int k = 0; k < 32; k += 2) qk_steps(s_nope, k);
+#pragma unroll
+    for (int k = 32; k < 36; k += 2) qk_steps(s_pe, k);
+
+    // ---- scores, masks, block row max ----
+    const int j0 = t.kv_begin + blk * kBlockN + tok0;
+    float s[MT][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int h = i / 2, j = j0 + (i % 2);
+        const bool ok = tok_ok[i % 2] && j <= row_limit[m][h];
+        s[m][i] = ok ? s_nope[m][i] * p.scale_nope + s_pe[m][i] * p.scale_pe : -INFINITY;
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = fmaxf(s[m][2 * h], s[m][2 * h + 1]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        if (lane % 4 == 0) red_max[warp * kRows + 16 * m + lane / 4 + 8 * h] = mx;
+      }
+    }
+    __syncthreads();
+
+    // ---- online softmax: P = exp2(s - m_new), rescale factors ----
+    float alpha[MT][2];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = 16 * m + lane / 4 + 8 * h;
+        float mx = row_max[m][h];
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, red_max[w * kRows + r]);
+        const float base = mx == -INFINITY ? 0.0f : mx;  // rows with nothing visible yet
+        alpha[m][h] = exp2f(row_max[m][h] - base);
+        row_max[m][h] = mx;
+        const float p0 = exp2f(s[m][2 * h] - base), p1 = exp2f(s[m][2 * h + 1] - base);
+        const __nv_bfloat162 pb = __floats2bfloat162_rn(p0, p1);
+        *reinterpret_cast<__nv_bfloat162*>(p_s + r * kPElems + tok0) = pb;
+        // Sum what the tensor cores will multiply (the bf16-rounded p), so o / l stays exact.
+        float sum = __low2float(pb) + __high2float(pb);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        if (lane % 4 == 0) red_sum[warp * kRows + r] = sum;
+      }
+    __syncthreads();
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = 16 * m + lane / 4 + 8 * h;
+        float sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) sum += red_sum[w * kRows + r];
+        row_sum[m][h] = row_sum[m][h] * alpha[m][h] + sum;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+          o[m][n][2 * h] *= alpha[m][h];
+          o[m][n][2 * h + 1] *= alpha[m][h];
+        }
+      }
+
+    // ---- O += P V for columns [64 warp, 64 warp + 64) ----
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      std::uint32_t a[MT][4];
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+        ldmatrix_x4(a[m], p_s + (16 * m + lane % 16) * kPElems + 16 * kk + (lane / 16) * 8);
+      const int v_tok = 16 * kk + lane % 8 + ((lane / 8) % 2) * 8;
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        std::uint32_t b[4];
+        ldmatrix_x4_trans(b, k_s + v_tok * kRowElems + 64 * warp + 16 * np + (lane / 16) * 8);
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          mma_bf16_16816(o[m][2 * np], a[m], b[0], b[1]);
+          mma_bf16_16816(o[m][2 * np + 1], a[m], b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // the tile, P and the reductions are rewritten next block
+    if constexpr (F == KvFormat::bf16) {
+      if (blk + kStages < n_blocks) load_block<F, MT>(p, t, q_first, smem, blk + kStages, stage);
+      cp_async_commit();
+    }
+  }
+  cp_async_wait<0>();
+
+  // ---- epilogue ----
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = 16 * m + lane / 4 + 8 * h;
+      if (r >= rows) continue;
+      const float l = row_sum[m][h];
+      // l == 0: the row saw nothing (o = 0, lse = -inf); l NaN: a NaN in the cache reached the
+      // row (fmaxf skipped it in the max), so o and lse are NaN as in the reference.
+      const float inv = l > 0.0f ? p.out_scale / l : l == 0.0f ? 0.0f : NAN;
+      const float lse = l > 0.0f ? (row_max[m][h] + log2f(l)) * kLn2 : l == 0.0f ? -INFINITY : NAN;
+      const int tq = r / t.head_count;
+      const std::int64_t head = t.head_begin + r % t.head_count;
+      const std::int64_t token = q_first + tq;
+      const int col0 = 64 * warp + 2 * (lane % 4);
+      if (t.split < 0) {
+        __nv_bfloat16* dst = p.out + token * p.out_stride[0] + head * p.out_stride[1];
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+          *reinterpret_cast<__nv_bfloat162*>(dst + col0 + 8 * n) =
+              __floats2bfloat162_rn(o[m][n][2 * h] * inv, o[m][n][2 * h + 1] * inv);
+        if (p.lse != nullptr && warp == 0 && lane % 4 == 0)
+          p.lse[token * p.lse_stride[0] + head * p.lse_stride[1]] = lse;
+      } else {
+        const std::int64_t prow = p.partial_offset[t.request] +
+                                  (static_cast<std::int64_t>(t.split) * qo_len + t.q_begin + tq) *
+                                      p.num_heads +
+                                  head;
+        float* dst = p.partial_o + prow * 512;
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+          *reinterpret_cast<float2*>(dst + col0 + 8 * n) =
+              make_float2(o[m][n][2 * h] * inv, o[m][n][2 * h + 1] * inv);
+        if (warp == 0 && lane % 4 == 0) p.partial_lse[prow] = lse;
+      }
+    }
+}
+
+}  // namespace fp8mla::detail

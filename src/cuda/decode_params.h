@@ -1,0 +1,71 @@
+// Internal: what the decode and merge kernels read. Host launchers (decode.cu) fill it from a
+// PlanState, its device buffers and the RunArgs; kernels (decode_kernel.cuh) never see host types.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "fp8mla/attention.h"
+
+namespace fp8mla::detail {
+
+struct DecodeParams {
+  const WorkTile* tiles;           // [capacity]; the first *num_tiles are live
+  const std::int32_t* num_tiles;   // device scalar (rewritten in place by replan)
+  const std::int32_t* qo_indptr;   // [batch + 1]
+  const std::int32_t* kv_indptr;   // [batch + 1] page offsets into kv_indices
+  const std::int32_t* kv_indices;  // pages
+  const std::int32_t* kv_len;      // [batch] tokens
+  const std::int32_t* sparse_indices;  // [total_q, topk] global slots, -1 = skip (sparse only)
+  const std::int64_t* partial_offset;  // [batch] first partial row of a split request
+  int topk;                            // 0 = dense
+  int num_heads;
+  int page_shift;           // log2(page_size)
+  std::int64_t pool_slots;  // num_pages * page_size (bound for sparse indices)
+  bool causal;
+  float scale_nope;  // multiplies q_nope . ckv: sm_scale * log2(e) * ckv_scale (fp8_e4m3)
+  float scale_pe;    // multiplies q_pe . kpe:  sm_scale * log2(e) * kpe_scale (fp8_e4m3)
+  float out_scale;   // multiplies the output: ckv_scale for fp8_e4m3, else 1
+
+  const __nv_bfloat16* q_nope;  // [total_q, H, 512], strides in elements below
+  std::int64_t q_nope_stride[2];
+  const __nv_bfloat16* q_pe;  // [total_q, H, 64]
+  std::int64_t q_pe_stride[2];
+  // Cache halves as bytes: token (page p, offset o) starts at base + p*page_stride + o*token_stride.
+  // fp8_e4m3_block: ckv is the whole 656-byte token and kpe is unused.
+  const std::uint8_t* ckv;
+  std::int64_t ckv_page_stride, ckv_token_stride;
+  const std::uint8_t* kpe;
+  std::int64_t kpe_page_stride, kpe_token_stride;
+
+  __nv_bfloat16* out;  // [total_q, H, 512]
+  std::int64_t out_stride[2];
+  float* lse;  // [total_q, H] or null
+  std::int64_t lse_stride[2];
+  float* partial_o;    // [partial_rows, 512]
+  float* partial_lse;  // [partial_rows]
+};
+
+// One row of a split request to merge: request and row (t * H + h) within it.
+struct MergeItem {
+  std::int32_t request;
+  std::int32_t row;
+};
+
+struct MergeParams {
+  const MergeItem* items;         // [capacity]
+  const std::int32_t* num_items;  // device scalar
+  const std::int32_t* qo_indptr;
+  const std::int32_t* num_splits;
+  const std::int64_t* partial_offset;
+  int num_heads;
+  const float* partial_o;
+  const float* partial_lse;
+  __nv_bfloat16* out;
+  std::int64_t out_stride[2];
+  float* lse;
+  std::int64_t lse_stride[2];
+};
+
+}  // namespace fp8mla::detail

@@ -1,0 +1,34 @@
+// Internal: the device side of a CUDA plan (allocated by cuda_upload_plan in runtime.cu).
+#pragma once
+
+#include <cstdint>
+
+#include "src/cuda/decode_params.h"
+
+namespace fp8mla::detail {
+
+struct CudaPlanBuffers {
+  int device_id = 0;
+  bool graph = false;
+  // Capacities (elements) of the arrays below; fixed for a graph-mode plan.
+  std::int64_t cap_tiles = 0, cap_batch = 0, cap_kv_indices = 0, cap_sparse = 0;
+  std::int64_t cap_partial_rows = 0, cap_merge = 0;
+  int row_tiles = 1;  // 16-row m-tiles of the kernel instantiation (1, 2 or 4)
+  // Live sizes (host copies of counts[0], counts[1]).
+  std::int32_t num_tiles = 0, num_merge = 0;
+
+  WorkTile* tiles = nullptr;            // [cap_tiles]
+  std::int32_t* counts = nullptr;       // [2]: num_tiles, num_merge items
+  std::int32_t* qo_indptr = nullptr;    // [cap_batch + 1]
+  std::int32_t* kv_indptr = nullptr;    // [cap_batch + 1]
+  std::int32_t* kv_len = nullptr;       // [cap_batch]
+  std::int32_t* num_splits = nullptr;   // [cap_batch]
+  std::int64_t* partial_offset = nullptr;  // [cap_batch]
+  std::int32_t* kv_indices = nullptr;   // [cap_kv_indices]
+  std::int32_t* sparse = nullptr;       // [cap_sparse]
+  MergeItem* merge = nullptr;           // [cap_merge]
+  float* partial_o = nullptr;           // [cap_partial_rows, 512]
+  float* partial_lse = nullptr;         // [cap_partial_rows]
+};
+
+}  // namespace fp8mla::detail

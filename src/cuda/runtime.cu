@@ -1,0 +1,170 @@
+// CUDA runtime glue: device queries, memory, and the device copy of a plan.
+#include <algorithm>
+#include <vector>
+
+#include "src/core/backend.h"
+#include "src/core/check.h"
+#include "src/cuda/cuda_util.cuh"
+#include "src/cuda/plan_buffers.h"
+
+namespace fp8mla::detail {
+
+bool cuda_built() noexcept { return true; }
+
+int cuda_device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // no driver / no device: clear the sticky error, report none
+    return 0;
+  }
+  return n;
+}
+
+int cuda_sm_count(int device_id) {
+  require(device_id >= 0 && device_id < cuda_device_count(), "device_id", device_id,
+          " is not a visible CUDA device (", cuda_device_count(), " visible)");
+  int sms = 0;
+  FP8MLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_id));
+  return sms;
+}
+
+void* cuda_malloc(std::size_t bytes, int device_id) {
+  FP8MLA_CUDA_CHECK(cudaSetDevice(device_id));
+  void* p = nullptr;
+  FP8MLA_CUDA_CHECK(cudaMalloc(&p, std::max<std::size_t>(bytes, 16)));
+  FP8MLA_CUDA_CHECK(cudaMemset(p, 0, std::max<std::size_t>(bytes, 16)));
+  return p;
+}
+
+void cuda_free(void* ptr) noexcept {
+  if (ptr != nullptr) (void)cudaFree(ptr);
+}
+
+void cuda_copy_to_host(void* dst, const void* src, std::size_t bytes) {
+  FP8MLA_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+
+void cuda_copy_to_device(void* dst, const void* src, std::size_t bytes) {
+  FP8MLA_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+}
+
+void cuda_synchronize(int device_id) {
+  FP8MLA_CUDA_CHECK(cudaSetDevice(device_id));
+  FP8MLA_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void destroy_cuda_buffers(CudaPlanBuffers* b) noexcept {
+  if (b == nullptr) return;
+  for (void* p : {static_cast<void*>(b->tiles), static_cast<void*>(b->counts),
+                  static_cast<void*>(b->qo_indptr), static_cast<void*>(b->kv_indptr),
+                  static_cast<void*>(b->kv_len), static_cast<void*>(b->num_splits),
+                  static_cast<void*>(b->partial_offset), static_cast<void*>(b->kv_indices),
+                  static_cast<void*>(b->sparse), static_cast<void*>(b->merge),
+                  static_cast<void*>(b->partial_o), static_cast<void*>(b->partial_lse)}) {
+    cuda_free(p);
+  }
+  delete b;
+}
+
+namespace {
+
+template <class T>
+T* alloc(std::int64_t n, int device_id) {
+  return static_cast<T*>(cuda_malloc(static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) *
+                                         sizeof(T),
+                                     device_id));
+}
+
+template <class T>
+void upload(T* dst, const std::vector<T>& src, std::int64_t cap, const char* what) {
+  if (static_cast<std::int64_t>(src.size()) > cap) {
+    throw Error(ErrorCode::invalid_argument, what,
+                msg(src.size(), " entries exceed the graph-mode capacity ", cap,
+                    " fixed when the plan was made"));
+  }
+  if (!src.empty()) cuda_copy_to_device(dst, src.data(), src.size() * sizeof(T));
+}
+
+int row_tiles_for(int rows) { return rows <= 16 ? 1 : rows <= 32 ? 2 : 4; }
+
+}  // namespace
+
+void cuda_upload_plan(PlanState& plan) {
+  FP8MLA_CUDA_CHECK(cudaSetDevice(plan.device_id));
+  const PlanOptions& o = plan.options;
+  std::vector<MergeItem> merge;
+  for (int r = 0; r < plan.batch; ++r) {
+    if (plan.num_splits[r] <= 1) continue;
+    const int rows = (plan.qo_indptr[r + 1] - plan.qo_indptr[r]) * plan.num_heads;
+    for (int row = 0; row < rows; ++row) merge.push_back({r, row});
+  }
+  int max_rows = 1;
+  for (const WorkTile& t : plan.tiles) max_rows = std::max(max_rows, t.q_count * t.head_count);
+
+  if (!plan.cuda) {
+    auto b = std::unique_ptr<CudaPlanBuffers, CudaBuffersDeleter>(new CudaPlanBuffers);
+    b->device_id = plan.device_id;
+    b->graph = o.cuda_graph;
+    if (o.cuda_graph) {
+      // The planner's bounds for any problem within max_* (derived in plan.cpp).
+      b->cap_batch = o.max_batch;
+      b->cap_tiles = plan.tile_capacity;
+      b->cap_kv_indices = o.max_kv_indices;
+      b->cap_sparse = static_cast<std::int64_t>(o.max_total_q) * std::max(plan.topk, 0);
+      b->cap_partial_rows = plan.partial_rows_capacity;
+      b->cap_merge = static_cast<std::int64_t>(o.max_total_q) * plan.num_heads;
+      const int max_qo = o.max_qo_len > 0 ? o.max_qo_len : o.max_total_q;
+      const int rows_bound = plan.topk > 0 || plan.num_heads >= kMaxRowsPerTile
+                                 ? std::min(plan.num_heads, kMaxRowsPerTile)
+                                 : std::min(kMaxRowsPerTile, plan.num_heads * max_qo);
+      b->row_tiles = row_tiles_for(std::max(rows_bound, max_rows));
+    } else {
+      b->cap_batch = plan.batch;
+      b->cap_tiles = static_cast<std::int64_t>(plan.tiles.size());
+      b->cap_kv_indices = static_cast<std::int64_t>(plan.kv_indices.size());
+      b->cap_sparse = static_cast<std::int64_t>(plan.sparse_indices.size());
+      b->cap_partial_rows = plan.partial_rows;
+      b->cap_merge = static_cast<std::int64_t>(merge.size());
+      b->row_tiles = row_tiles_for(max_rows);
+    }
+    b->tiles = alloc<WorkTile>(b->cap_tiles, b->device_id);
+    b->counts = alloc<std::int32_t>(2, b->device_id);
+    b->qo_indptr = alloc<std::int32_t>(b->cap_batch + 1, b->device_id);
+    b->kv_indptr = alloc<std::int32_t>(b->cap_batch + 1, b->device_id);
+    b->kv_len = alloc<std::int32_t>(b->cap_batch, b->device_id);
+    b->num_splits = alloc<std::int32_t>(b->cap_batch, b->device_id);
+    b->partial_offset = alloc<std::int64_t>(b->cap_batch, b->device_id);
+    b->kv_indices = alloc<std::int32_t>(b->cap_kv_indices, b->device_id);
+    b->sparse = alloc<std::int32_t>(b->cap_sparse, b->device_id);
+    b->merge = alloc<MergeItem>(b->cap_merge, b->device_id);
+    b->partial_o = alloc<float>(b->cap_partial_rows * kDimCkv, b->device_id);
+    b->partial_lse = alloc<float>(b->cap_partial_rows, b->device_id);
+    plan.cuda = std::move(b);
+  }
+  CudaPlanBuffers& b = *plan.cuda;
+  if (row_tiles_for(max_rows) > b.row_tiles) {
+    throw Error(ErrorCode::invalid_argument, "problem.qo_indptr",
+                msg("tiles of ", max_rows, " rows exceed the ", 16 * b.row_tiles,
+                    " rows the graph-mode plan was made for (raise options.max_qo_len)"));
+  }
+  if (plan.partial_rows > b.cap_partial_rows) {
+    throw Error(ErrorCode::invalid_argument, "problem",
+                msg(plan.partial_rows, " split-KV partial rows exceed the capacity ",
+                    b.cap_partial_rows));
+  }
+  upload(b.tiles, plan.tiles, b.cap_tiles, "tiles");
+  upload(b.qo_indptr, plan.qo_indptr, b.cap_batch + 1, "qo_indptr");
+  upload(b.kv_indptr, plan.kv_indptr, b.cap_batch + 1, "kv_indptr");
+  upload(b.kv_len, plan.kv_len, b.cap_batch, "kv_len");
+  upload(b.num_splits, plan.num_splits, b.cap_batch, "num_splits");
+  upload(b.partial_offset, plan.partial_offset, b.cap_batch, "partial_offset");
+  upload(b.kv_indices, plan.kv_indices, b.cap_kv_indices, "kv_indices");
+  upload(b.sparse, plan.sparse_indices, b.cap_sparse, "sparse_indices");
+  upload(b.merge, merge, b.cap_merge, "merge rows");
+  b.num_tiles = static_cast<std::int32_t>(plan.tiles.size());
+  b.num_merge = static_cast<std::int32_t>(merge.size());
+  const std::vector<std::int32_t> counts = {b.num_tiles, b.num_merge};
+  upload(b.counts, counts, 2, "counts");
+}
+
+}  // namespace fp8mla::detail

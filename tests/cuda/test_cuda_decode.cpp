@@ -1,0 +1,480 @@
+// GPU tests: every kernel variant against the CPU float64 reference on fresh random data.
+// They GTEST_SKIP when no CUDA device is visible (CI), and run on the device machine.
+//
+// Tolerances. Both sides read identical dequantized cache values (the reference decodes the
+// same bytes), so the error measures the kernel, not FP8: products of bf16 q and exact cache
+// values are exact in the tensor cores' fp32 accumulators; the softmax weights P are rounded to
+// bf16 before P V (relative 2^-9 each, averaging out over many tokens), and the output is rounded
+// to bf16 (2^-9). Measured errors are ~2-4e-3 relative L2; we allow 1e-2 (the project's bar) for
+// out and 2e-3 * max(1, |lse|) for lse. Positions of NaN and -inf must match exactly.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "fp8mla/attention.h"
+#include "fp8mla/cache.h"
+#include "fp8mla/error.h"
+#include "src/core/backend.h"
+#include "tests/common/test_util.h"
+
+namespace fp8mla {
+namespace {
+
+constexpr double kOutTol = 1e-2;
+constexpr double kLseTol = 2e-3;
+
+#define SKIP_WITHOUT_GPU()                                                 \
+  do {                                                                     \
+    if (detail::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device"; \
+  } while (0)
+
+// Device memory holding a copy of a host vector.
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  std::size_t bytes = 0;
+  explicit DeviceBuffer(std::size_t n) : ptr(detail::cuda_malloc(n, 0)), bytes(n) {}
+  template <class T>
+  explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size() * sizeof(T)) {
+    if (!host.empty()) detail::cuda_copy_to_device(ptr, host.data(), bytes);
+  }
+  ~DeviceBuffer() { detail::cuda_free(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  template <class T>
+  std::vector<T> to_host() const {
+    std::vector<T> v(bytes / sizeof(T));
+    detail::cuda_copy_to_host(v.data(), ptr, bytes);
+    return v;
+  }
+};
+
+void check_cuda(cudaError_t e) { ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e); }
+
+// The reference result of a case on the host.
+test::HostOutput reference(test::RandomCase& c) {
+  PlanOptions o;
+  o.cpu_reference = true;
+  test::HostOutput ref(c);
+  run(plan(c.problem(), o), c.host_args(ref));
+  return ref;
+}
+
+// Device outputs with poisoned guard regions of `guard` elements on both sides.
+struct DeviceOutput {
+  std::int64_t n_out, n_lse, guard;
+  DeviceBuffer out, lse;
+  DeviceOutput(const test::RandomCase& c, std::int64_t g)
+      : n_out(c.rows() * kDimCkv), n_lse(c.rows()), guard(g),
+        out((n_out + 2 * g) * 2), lse((n_lse + 2 * g) * 4) {
+    poison_all();
+  }
+  void poison_all() {
+    std::vector<std::uint16_t> o(static_cast<std::size_t>(n_out + 2 * guard));
+    std::vector<float> l(static_cast<std::size_t>(n_lse + 2 * guard));
+    test::poison(o);
+    test::poison(l);
+    detail::cuda_copy_to_device(out.ptr, o.data(), out.bytes);
+    detail::cuda_copy_to_device(lse.ptr, l.data(), lse.bytes);
+  }
+  void* out_data() const { return static_cast<std::uint16_t*>(out.ptr) + guard; }
+  void* lse_data() const { return static_cast<float*>(lse.ptr) + guard; }
+};
+
+// Compares a device result with the reference, and checks the guards stayed poisoned.
+void expect_matches(const DeviceOutput& d, test::HostOutput& ref, const std::string& what) {
+  const auto out = d.out.to_host<std::uint16_t>();
+  const auto lse = d.lse.to_host<float>();
+  const std::span<const std::uint16_t> out_core(out.data() + d.guard, d.n_out);
+  const std::span<const float> lse_core(lse.data() + d.guard, d.n_lse);
+  const test::Comparison co = test::compare_bf16(out_core, ref.out());
+  const test::LseComparison cl = test::compare_lse(lse_core, ref.lse());
+  EXPECT_TRUE(co.nan_ok()) << what << ": " << test::describe(co);
+  EXPECT_LE(co.rel_l2, kOutTol) << what << ": " << test::describe(co);
+  EXPECT_TRUE(cl.positions_ok()) << what << ": " << test::describe(cl);
+  EXPECT_LE(cl.max_err, kLseTol) << what << ": " << test::describe(cl);
+  for (std::int64_t i = 0; i < d.guard; ++i) {
+    ASSERT_EQ(out[i], test::kPoisonBf16) << what << ": wrote before out";
+    ASSERT_EQ(out[d.guard + d.n_out + i], test::kPoisonBf16) << what << ": wrote after out";
+    std::uint32_t a, b;
+    std::memcpy(&a, &lse[i], 4);
+    std::memcpy(&b, &lse[d.guard + d.n_lse + i], 4);
+    ASSERT_EQ(a, test::kPoisonF32) << what << ": wrote before lse";
+    ASSERT_EQ(b, test::kPoisonF32) << what << ": wrote after lse";
+  }
+}
+
+// Runs a case on the GPU (fresh device copies, poisoned outputs) and compares.
+void run_case(const test::ProblemSpec& spec, PlanOptions options = {}) {
+  test::RandomCase c = test::make_case(spec);
+  const std::string what = test::describe(spec);
+  test::HostOutput ref = reference(c);
+  DeviceBuffer cache(c.cache), q(c.q);
+  DeviceOutput d(c, 256);
+  Plan p = plan(c.problem(DeviceKind::cuda), options);
+  RunArgs args;
+  args.q_nope = c.q_nope_view(q.ptr, DeviceKind::cuda);
+  args.q_pe = c.q_pe_view(q.ptr, DeviceKind::cuda);
+  args.kv = c.kv_view(cache.ptr, DeviceKind::cuda);
+  args.out = c.out_view(d.out_data(), DeviceKind::cuda);
+  args.lse = c.lse_view(d.lse_data(), DeviceKind::cuda);
+  run(p, args);
+  detail::cuda_synchronize(0);
+  expect_matches(d, ref, what);
+  // Same inputs, second run: bit-identical (a moving result would be a race).
+  const auto first = d.out.to_host<std::uint16_t>();
+  d.poison_all();
+  run(p, args);
+  detail::cuda_synchronize(0);
+  EXPECT_EQ(first, d.out.to_host<std::uint16_t>()) << what << ": second run differs";
+}
+
+// ---- the grid: (format, heads, page size, qo_len range, causal, kv range, layout) ----
+struct GridCase {
+  KvFormat format;
+  int heads, page_size, batch, qo_min, qo_max;
+  bool causal;
+  int kv_min, kv_max;
+  test::CacheLayout layout;
+  float ckv_scale, kpe_scale;
+};
+constexpr auto F8 = KvFormat::fp8_e4m3, BF = KvFormat::bf16, BL = KvFormat::fp8_e4m3_block;
+constexpr auto FU = test::CacheLayout::fused, SP = test::CacheLayout::split;
+const GridCase kGrid[] = {
+    // dense decode: heads 1..128, page sizes 1/16/64, ragged lengths incl. 0 and non-multiples
+    {F8, 8, 1, 6, 1, 1, false, 0, 700, FU, 1.0f, 1.0f},
+    {F8, 16, 64, 5, 1, 1, false, 1, 1000, SP, 0.5f, 0.5f},
+    {F8, 1, 16, 3, 1, 1, false, 0, 333, FU, 2.0f, 0.25f},
+    {F8, 20, 16, 4, 1, 1, false, 50, 400, FU, 1.0f, 1.0f},
+    {F8, 64, 64, 3, 1, 1, false, 0, 500, FU, 1.0f, 1.0f},
+    {F8, 128, 1, 2, 1, 1, false, 100, 600, FU, 1.0f, 1.0f},
+    {F8, 96, 16, 2, 1, 1, false, 1, 300, SP, 1.0f, 1.0f},
+    {BF, 8, 64, 4, 1, 1, false, 0, 800, FU, 1.0f, 1.0f},
+    {BF, 16, 1, 4, 1, 1, false, 1, 300, SP, 1.0f, 1.0f},
+    {BF, 128, 16, 2, 1, 1, false, 0, 400, FU, 1.0f, 1.0f},
+    {BL, 8, 64, 4, 1, 1, false, 0, 900, FU, 1.0f, 1.0f},
+    {BL, 64, 1, 3, 1, 1, false, 1, 300, FU, 1.0f, 1.0f},
+    {BL, 128, 16, 2, 1, 1, false, 10, 200, FU, 1.0f, 1.0f},
+    // multi-token causal decode (MTP / speculative): qo_len 1..8 ragged
+    {F8, 8, 1, 5, 1, 8, true, 0, 500, FU, 1.0f, 1.0f},
+    {F8, 16, 64, 4, 2, 4, true, 8, 700, FU, 1.0f, 1.0f},
+    {F8, 128, 16, 2, 1, 3, true, 4, 300, FU, 1.0f, 1.0f},
+    {BF, 8, 16, 3, 1, 8, true, 1, 400, FU, 1.0f, 1.0f},
+    {BL, 16, 64, 3, 1, 6, true, 1, 500, FU, 1.0f, 1.0f},
+    {F8, 5, 16, 3, 1, 16, false, 20, 300, FU, 1.0f, 1.0f},
+};
+
+class CudaDecodeGrid : public ::testing::TestWithParam<GridCase> {};
+
+TEST_P(CudaDecodeGrid, MatchesReference) {
+  SKIP_WITHOUT_GPU();
+  const GridCase g = GetParam();
+  for (std::uint64_t seed : {11u, 12u}) {
+    test::ProblemSpec s;
+    s.format = g.format;
+    s.num_heads = g.heads;
+    s.page_size = g.page_size;
+    s.batch = g.batch;
+    s.qo_len_min = g.qo_min;
+    s.qo_len_max = g.qo_max;
+    s.causal = g.causal;
+    s.kv_len_min = g.kv_min;
+    s.kv_len_max = g.kv_max;
+    s.empty_fraction = 0.1;
+    s.layout = g.layout;
+    s.ckv_scale = g.ckv_scale;
+    s.kpe_scale = g.kpe_scale;
+    s.fused_q = seed % 2 == 0;
+    s.seed = seed * 1000 + static_cast<std::uint64_t>(g.heads);
+    run_case(s);
+  }
+}
+INSTANTIATE_TEST_SUITE_P(Grid, CudaDecodeGrid, ::testing::ValuesIn(kGrid));
+
+TEST(CudaDecodeSplit, LongContextSplitsAndMerges) {
+  SKIP_WITHOUT_GPU();
+  for (KvFormat f : {F8, BF, BL}) {
+    test::ProblemSpec s;
+    s.format = f;
+    s.batch = 2;
+    s.num_heads = 8;
+    s.page_size = 64;
+    s.kv_len_min = 9000;
+    s.kv_len_max = 20000;
+    s.seed = 77;
+    PlanOptions o;
+    o.min_chunk_tokens = 256;  // force many splits
+    run_case(s, o);
+  }
+  test::ProblemSpec causal;
+  causal.batch = 1;
+  causal.num_heads = 16;
+  causal.qo_len_min = causal.qo_len_max = 4;
+  causal.causal = true;
+  causal.kv_len_min = causal.kv_len_max = 5000;
+  causal.seed = 78;
+  run_case(causal);
+}
+
+TEST(CudaDecodeSparse, TopkWithSkippedEntries) {
+  SKIP_WITHOUT_GPU();
+  const struct {
+    KvFormat f;
+    int heads, page_size, topk;
+  } cases[] = {{BL, 64, 64, 128}, {BL, 8, 64, 512}, {F8, 128, 1, 96}, {F8, 16, 16, 300},
+               {BF, 8, 64, 64}, {BL, 128, 64, 2048}};
+  for (const auto& k : cases) {
+    test::ProblemSpec s;
+    s.format = k.f;
+    s.num_heads = k.heads;
+    s.page_size = k.page_size;
+    s.batch = 3;
+    s.qo_len_min = 1;
+    s.qo_len_max = 2;
+    s.kv_len_min = 64;
+    s.kv_len_max = 3000;
+    s.topk = k.topk;
+    s.seed = 500 + static_cast<std::uint64_t>(k.topk);
+    run_case(s);
+  }
+}
+
+// DSA picks new indices every layer: run() takes them as a device tensor.
+TEST(CudaDecodeSparse, RunTimeIndicesOverrideThePlannedOnes) {
+  SKIP_WITHOUT_GPU();
+  test::ProblemSpec s;
+  s.format = BL;
+  s.num_heads = 64;
+  s.page_size = 64;
+  s.batch = 2;
+  s.kv_len_min = 500;
+  s.kv_len_max = 900;
+  s.topk = 256;
+  s.seed = 9;
+  test::RandomCase c = test::make_case(s);
+  s.seed = 10;  // other indices over the same pool shape
+  test::RandomCase other = test::make_case(s);
+  // Reference: plan `c` with other's indices (same pool bytes: c.cache).
+  std::vector<std::int32_t> idx = other.sparse_indices;
+  const std::int64_t pool = c.num_pages * s.page_size;
+  for (auto& v : idx)
+    if (v >= pool) v = -1;
+  Problem pr = c.problem();
+  pr.sparse_indices = idx;
+  PlanOptions ro;
+  ro.cpu_reference = true;
+  test::HostOutput ref(c);
+  run(plan(pr, ro), c.host_args(ref));
+
+  DeviceBuffer cache(c.cache), q(c.q), d_idx(idx);
+  DeviceOutput d(c, 64);
+  Plan p = plan(c.problem(DeviceKind::cuda));
+  RunArgs args;
+  args.q_nope = c.q_nope_view(q.ptr, DeviceKind::cuda);
+  args.q_pe = c.q_pe_view(q.ptr, DeviceKind::cuda);
+  args.kv = c.kv_view(cache.ptr, DeviceKind::cuda);
+  args.out = c.out_view(d.out_data(), DeviceKind::cuda);
+  args.lse = c.lse_view(d.lse_data(), DeviceKind::cuda);
+  args.sparse_indices = c.sparse_view(d_idx.ptr, DeviceKind::cuda);
+  run(p, args);
+  detail::cuda_synchronize(0);
+  expect_matches(d, ref, "sparse override");
+}
+
+// run() captured in a CUDA graph; replan() with new lengths; the replay matches the reference.
+TEST(CudaGraph, CaptureReplanReplay) {
+  SKIP_WITHOUT_GPU();
+  test::ProblemSpec s;
+  s.format = F8;
+  s.num_heads = 16;
+  s.page_size = 16;
+  s.batch = 6;
+  s.kv_len_min = 1;
+  s.kv_len_max = 3000;
+  s.spare_pages = 400;  // room for the second batch's longer contexts
+  s.poison_unused = false;  // the second batch reads pages the first one left unused
+  s.seed = 31;
+  test::RandomCase c1 = test::make_case(s);
+  PlanOptions o;
+  o.cuda_graph = true;
+  o.max_batch = 8;
+  o.max_total_q = 8;
+  o.max_kv_indices = static_cast<std::int64_t>(c1.num_pages);
+  o.max_qo_len = 1;
+  Plan p = plan(c1.problem(DeviceKind::cuda), o);
+
+  // Fixed device buffers, as a serving engine keeps them: the pool and q of case 1.
+  DeviceBuffer cache(c1.cache), q(c1.q);
+  DeviceOutput d(c1, 0);
+  RunArgs args;
+  args.q_nope = c1.q_nope_view(q.ptr, DeviceKind::cuda);
+  args.q_pe = c1.q_pe_view(q.ptr, DeviceKind::cuda);
+  args.kv = c1.kv_view(cache.ptr, DeviceKind::cuda);
+  args.out = c1.out_view(d.out_data(), DeviceKind::cuda);
+  args.lse = c1.lse_view(d.lse_data(), DeviceKind::cuda);
+
+  cudaStream_t stream;
+  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  args.stream = stream;
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  run(p, args);
+  check_cuda(cudaStreamEndCapture(stream, &graph));
+  check_cuda(cudaGraphInstantiate(&exec, graph, 0));
+
+  check_cuda(cudaGraphLaunch(exec, stream));
+  check_cuda(cudaStreamSynchronize(stream));
+  test::HostOutput ref1 = reference(c1);
+  expect_matches(d, ref1, "graph replay 1");
+
+  // New lengths and page tables over the same pool and q (same total_q).
+  test::RandomCase c2 = c1;
+  std::mt19937_64 rng(99);
+  for (int r = 0; r < s.batch; ++r) c2.kv_len[r] = std::uniform_int_distribution<int>(0, 5000)(rng);
+  c2.kv_indptr.assign(1, 0);
+  c2.kv_indices.clear();
+  std::vector<std::int32_t> pages(static_cast<std::size_t>(c1.num_pages));
+  for (std::size_t i = 0; i < pages.size(); ++i) pages[i] = static_cast<std::int32_t>(i);
+  std::shuffle(pages.begin(), pages.end(), rng);
+  std::size_t next = 0;
+  for (int r = 0; r < s.batch; ++r) {
+    const int need = (c2.kv_len[r] + s.page_size - 1) / s.page_size;
+    if (next + need > pages.size()) c2.kv_len[r] = 0;
+    for (int i = 0; c2.kv_len[r] > 0 && i < need; ++i) c2.kv_indices.push_back(pages[next++]);
+    c2.kv_indptr.push_back(static_cast<std::int32_t>(c2.kv_indices.size()));
+  }
+  replan(p, c2.problem(DeviceKind::cuda));
+  d.poison_all();
+  check_cuda(cudaGraphLaunch(exec, stream));
+  check_cuda(cudaStreamSynchronize(stream));
+  test::HostOutput ref2 = reference(c2);
+  expect_matches(d, ref2, "graph replay after replan");
+
+  check_cuda(cudaGraphExecDestroy(exec));
+  check_cuda(cudaGraphDestroy(graph));
+  check_cuda(cudaStreamDestroy(stream));
+}
+
+// The GPU append writes the same bytes as the host codec.
+TEST(CudaCache, AppendIsBitIdenticalToHost) {
+  SKIP_WITHOUT_GPU();
+  for (KvFormat f : {F8, BF, BL}) {
+    for (DType dt : {DType::f32, DType::bf16}) {
+      CacheConfig cfg;
+      cfg.num_pages = 40;
+      cfg.page_size = 16;
+      cfg.format = f;
+      cfg.scale = f == F8 ? 0.37f : 1.0f;
+      PagedLatentCache host(cfg);
+      cfg.device = DeviceKind::cuda;
+      PagedLatentCache dev(cfg);
+      host.allocate(40);
+      dev.allocate(40);
+      const int n = 300;
+      std::mt19937_64 rng(5 + static_cast<int>(f));
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      std::uniform_real_distribution<float> mag(-12.0f, 9.0f);  // incl. beyond 448 and tiny
+      std::vector<float> ckv(n * 512), kpe(n * 64);
+      for (int i = 0; i < n; ++i) {
+        const float m = std::exp2(mag(rng));
+        for (int k = 0; k < 512; ++k) ckv[i * 512 + k] = normal(rng) * m;
+        for (int k = 0; k < 64; ++k) kpe[i * 64 + k] = normal(rng) * m;
+      }
+      std::vector<std::uint16_t> ckv16(ckv.size()), kpe16(kpe.size());
+      for (std::size_t i = 0; i < ckv.size(); ++i) ckv16[i] = float_to_bf16(ckv[i]);
+      for (std::size_t i = 0; i < kpe.size(); ++i) kpe16[i] = float_to_bf16(kpe[i]);
+      std::vector<std::int32_t> slots(n);
+      for (int i = 0; i < n; ++i) slots[i] = (i * 37) % 640;
+      const bool f32 = dt == DType::f32;
+      void* hc = f32 ? static_cast<void*>(ckv.data()) : ckv16.data();
+      void* hk = f32 ? static_cast<void*>(kpe.data()) : kpe16.data();
+      host.append(make_view(slots.data(), DType::i32, {n}), make_view(hc, dt, {n, 512}),
+                  make_view(hk, dt, {n, 64}));
+      DeviceBuffer ds(slots);
+      DeviceBuffer dck(ckv.size() * (f32 ? 4 : 2)), dkp(kpe.size() * (f32 ? 4 : 2));
+      detail::cuda_copy_to_device(dck.ptr, hc, dck.bytes);
+      detail::cuda_copy_to_device(dkp.ptr, hk, dkp.bytes);
+      dev.append(make_view(ds.ptr, DType::i32, {n}, DeviceKind::cuda),
+                 make_view(dck.ptr, dt, {n, 512}, DeviceKind::cuda),
+                 make_view(dkp.ptr, dt, {n, 64}, DeviceKind::cuda));
+      detail::cuda_synchronize(0);
+      const TensorView hs = host.storage(), dsv = dev.storage();
+      const std::size_t bytes = static_cast<std::size_t>(hs.numel());
+      std::vector<std::uint8_t> dev_bytes(bytes);
+      detail::cuda_copy_to_host(dev_bytes.data(), dsv.data, bytes);
+      const auto* hb = static_cast<const std::uint8_t*>(hs.data);
+      std::size_t mismatches = 0, first = bytes;
+      for (std::size_t i = 0; i < bytes; ++i)
+        if (hb[i] != dev_bytes[i]) {
+          ++mismatches;
+          first = std::min(first, i);
+        }
+      EXPECT_EQ(mismatches, 0u) << format_name(f) << " " << dtype_name(dt) << ": first at byte "
+                                << first;
+    }
+  }
+}
+
+TEST(CudaMerge, MatchesHostMerge) {
+  SKIP_WITHOUT_GPU();
+  const int rows = 37, states = 5, dim = 512;
+  std::mt19937_64 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(rows * states * dim), s(rows * states);
+  for (auto& x : v) x = normal(rng);
+  for (int i = 0; i < rows * states; ++i) s[i] = (i % 7 == 0) ? -INFINITY : 3.0f * normal(rng);
+  for (int k = 0; k < states; ++k) s[5 * states + k] = -INFINITY;  // an all-empty row
+  std::vector<float> ho(rows * dim), hs(rows), go(rows * dim), gs(rows);
+  merge_states(make_view(v.data(), DType::f32, {rows, states, dim}),
+               make_view(s.data(), DType::f32, {rows, states}),
+               make_view(ho.data(), DType::f32, {rows, dim}),
+               make_view(hs.data(), DType::f32, {rows}));
+  DeviceBuffer dv(v), ds(s), dout(go.size() * 4), dlse(gs.size() * 4);
+  merge_states(make_view(dv.ptr, DType::f32, {rows, states, dim}, DeviceKind::cuda),
+               make_view(ds.ptr, DType::f32, {rows, states}, DeviceKind::cuda),
+               make_view(dout.ptr, DType::f32, {rows, dim}, DeviceKind::cuda),
+               make_view(dlse.ptr, DType::f32, {rows}, DeviceKind::cuda));
+  detail::cuda_synchronize(0);
+  go = dout.to_host<float>();
+  gs = dlse.to_host<float>();
+  const test::Comparison co = test::compare_f32(go, ho);
+  EXPECT_TRUE(co.nan_ok()) << test::describe(co);
+  EXPECT_LE(co.rel_l2, 1e-5) << test::describe(co);
+  const test::LseComparison cl = test::compare_lse(gs, hs);
+  EXPECT_TRUE(cl.positions_ok()) << test::describe(cl);
+  EXPECT_LE(cl.max_err, 1e-5) << test::describe(cl);
+  EXPECT_EQ(gs[5], -INFINITY);
+}
+
+TEST(CudaValidation, MisalignedCacheIsRejected) {
+  SKIP_WITHOUT_GPU();
+  test::ProblemSpec s;
+  s.format = F8;
+  s.batch = 1;
+  s.kv_len_min = s.kv_len_max = 40;
+  s.token_pad_bytes = 8;  // token stride 584: not a multiple of 16
+  test::RandomCase c = test::make_case(s);
+  DeviceBuffer cache(c.cache), q(c.q), out(c.rows() * 1024);
+  Plan p = plan(c.problem(DeviceKind::cuda));
+  RunArgs args;
+  args.q_nope = c.q_nope_view(q.ptr, DeviceKind::cuda);
+  args.q_pe = c.q_pe_view(q.ptr, DeviceKind::cuda);
+  args.kv = c.kv_view(cache.ptr, DeviceKind::cuda);
+  args.out = c.out_view(out.ptr, DeviceKind::cuda);
+  try {
+    run(p, args);
+    FAIL() << "misaligned cache accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("kv.ckv"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace fp8mla

@@ -1,0 +1,170 @@
+"""Bad input raises ValueError whose message names the argument; other failures RuntimeError."""
+
+import numpy as np
+import pytest
+
+import fp8mla
+import mla_ref as ref
+
+PAGE, HEADS, PAGES = 4, 2, 10
+
+
+def good():
+    """A valid decode batch: 2 requests of 5 and 8 tokens on pages [0, 1] and [2, 3]."""
+    return dict(
+        qo_indptr=np.array([0, 1, 2], np.int32),
+        kv_indptr=np.array([0, 2, 4], np.int32),
+        kv_indices=np.array([0, 1, 2, 3], np.int32),
+        kv_len_arr=np.array([5, 8], np.int32),
+        num_heads=HEADS, head_dim_ckv=512, head_dim_kpe=64, page_size=PAGE, causal=False,
+        sm_scale=0.1, q_data_type="bfloat16", kv_data_type="float8_e4m3fn",
+    )
+
+
+def planned(**kw):
+    w = fp8mla.BatchMLAPagedAttentionWrapper(None, num_pages=PAGES)
+    w.plan(**{**good(), **kw})
+    return w
+
+
+# (plan() override, expected argument name in the message)
+PLAN_ERRORS = [
+    (dict(head_dim_ckv=128), "head_dim_ckv"),
+    (dict(head_dim_kpe=32), "head_dim_kpe"),
+    (dict(num_heads=0), "num_heads"),
+    (dict(num_heads=129), "num_heads"),
+    (dict(page_size=3), "page_size"),
+    (dict(page_size=256), "page_size"),
+    (dict(sm_scale=0.0), "sm_scale"),
+    (dict(sm_scale=float("nan")), "sm_scale"),
+    (dict(q_data_type="float16"), "q_data_type"),
+    (dict(kv_data_type="float16"), "kv_data_type"),
+    (dict(kv_data_type="bfloat16", kv_format="fp8_e4m3_block"), "kv_format"),
+    (dict(use_profiler=True), "use_profiler"),
+    (dict(qo_indptr=np.array([0, 2, 1], np.int32)), "qo_indptr"),
+    (dict(qo_indptr=np.array([1, 2, 3], np.int32)), "qo_indptr"),
+    (dict(kv_indptr=np.array([0, 3, 2], np.int32)), "kv_indptr"),
+    (dict(kv_indptr=np.array([0, 2, 6], np.int32)), "kv_indices"),  # fewer indices than listed
+    (dict(kv_indices=np.array([0, 1, 2, PAGES], np.int32)), "kv_indices"),
+    (dict(kv_indices=np.array([0, -1, 2, 3], np.int32)), "kv_indices"),
+    (dict(kv_len_arr=np.array([5, 9], np.int32)), "kv_len"),  # > 2 pages * 4
+    (dict(kv_len_arr=np.array([-1, 8], np.int32)), "kv_len"),
+    (dict(kv_len_arr=np.array([5], np.int32)), "kv_len"),
+    (dict(qo_indptr=np.array([0, 6, 7], np.int32), causal=True), "kv_len"),  # qo_len > kv_len
+    (dict(kv_indices=np.array([0, 1, 2, 2**40])), "kv_indices"),  # does not fit int32
+    (dict(kv_indices=np.array([0.0, 1.0, 2.0, 3.0])), "kv_indices"),  # not integers
+    (dict(qo_indptr=np.zeros((2, 2), np.int32)), "qo_indptr"),
+]
+
+
+@pytest.mark.parametrize("override,name", PLAN_ERRORS)
+def test_plan_errors_name_the_argument(override, name):
+    with pytest.raises(ValueError, match=name):
+        planned(**override)
+
+
+def test_bad_backend():
+    with pytest.raises(ValueError, match="backend"):
+        fp8mla.BatchMLAPagedAttentionWrapper(None, backend="cutlass")
+
+
+def run_args(total_q=2, heads=HEADS):
+    q = np.zeros((total_q, heads, 576), np.uint16)
+    pool = np.zeros((PAGES, PAGE, 576), np.uint8)
+    return dict(q_nope=q[:, :, :512], q_pe=q[:, :, 512:], ckv_cache=pool[:, :, :512],
+                kpe_cache=pool[:, :, 512:])
+
+
+# (run() override, expected name)
+RUN_ERRORS = [
+    (dict(q_nope=np.zeros((2, HEADS, 512), np.float32)), "q_nope"),
+    (dict(q_nope=np.zeros((3, HEADS, 512), np.uint16)), "q_nope"),  # total_q differs
+    (dict(q_nope=np.zeros((2, HEADS + 1, 512), np.uint16)), "q_nope"),  # heads differ
+    (dict(q_pe=np.zeros((2, HEADS, 32), np.uint16)), "q_pe"),
+    (dict(q_nope=np.zeros((2, HEADS, 1024), np.uint16)[:, :, ::2]), "q_nope"),  # inner stride 2
+    (dict(out=np.zeros((2, HEADS, 256), np.uint16)), "out"),
+    (dict(out=np.zeros((2, HEADS, 512), np.float32)), "out"),
+    (dict(lse=np.zeros((2, HEADS + 1), np.float32)), "lse"),
+    (dict(ckv_cache=np.zeros((PAGES, PAGE, 512), np.float32)), "ckv"),
+    (dict(ckv_cache=np.zeros((PAGES, PAGE * 2, 512), np.uint8)), "ckv"),  # page size differs
+    (dict(kpe_cache=np.zeros((PAGES, PAGE, 63), np.uint8)), "kpe"),
+    (dict(kpe_cache=None), "kpe_cache"),
+    (dict(k_scale=0.0), "scale"),
+    (dict(k_scale=float("inf")), "scale"),
+    (dict(ckv_scale_arr=np.ones(4, np.float32)), "ckv_scale_arr"),
+    (dict(profiler_buffer=np.zeros(4, np.uint8)), "profiler_buffer"),
+]
+
+
+@pytest.mark.parametrize("override,name", RUN_ERRORS)
+def test_run_errors_name_the_tensor(override, name):
+    w = planned()
+    with pytest.raises(ValueError, match=name):
+        w.run(**{**run_args(), **override})
+
+
+def test_run_before_plan():
+    w = fp8mla.BatchMLAPagedAttentionWrapper(None)
+    with pytest.raises(RuntimeError, match="plan"):
+        w.run(**run_args())
+
+
+def test_scale_for_non_fp8_cache():
+    w = planned(kv_data_type="bfloat16")
+    pool = np.zeros((PAGES, PAGE, 576), np.uint16)
+    a = run_args()
+    with pytest.raises(ValueError, match="scale"):
+        w.run(a["q_nope"], a["q_pe"], pool[:, :, :512], pool[:, :, 512:], k_scale=0.5)
+
+
+def test_not_an_array():
+    w = planned()
+    a = run_args()
+    with pytest.raises(TypeError, match="q_nope"):
+        w.run("q", a["q_pe"], a["ckv_cache"], a["kpe_cache"])
+
+
+def test_low_level_errors():
+    g = good()
+    kw = dict(num_heads=HEADS, page_size=PAGE, num_pages=PAGES, sm_scale=0.1)
+    with pytest.raises(ValueError, match="num_pages"):
+        fp8mla.plan(g["qo_indptr"], g["kv_indptr"], g["kv_indices"], g["kv_len_arr"],
+                    **{**kw, "num_pages": 0})
+    with pytest.raises(ValueError, match="sparse_indices"):
+        fp8mla.plan(g["qo_indptr"], None, None, None, **kw, topk=4,
+                    sparse_indices=np.zeros((2, 3), np.int32))
+    with pytest.raises(ValueError, match="sparse_indices"):
+        fp8mla.plan(g["qo_indptr"], None, None, None, **kw, topk=2,
+                    sparse_indices=np.array([[0, PAGES * PAGE], [1, 2]], np.int32))
+    with pytest.raises(ValueError, match="device"):
+        fp8mla.plan(g["qo_indptr"], g["kv_indptr"], g["kv_indices"], g["kv_len_arr"], **kw,
+                    device="tpu")
+    p = fp8mla.plan(g["qo_indptr"], g["kv_indptr"], g["kv_indices"], g["kv_len_arr"], **kw)
+    with pytest.raises(ValueError, match="replan|graph"):  # not a graph-mode plan
+        fp8mla.replan(p, g["qo_indptr"], g["kv_indptr"], g["kv_indices"], g["kv_len_arr"], **kw)
+    a = run_args()
+    with pytest.raises(ValueError, match="sparse_indices"):  # dense plan
+        fp8mla.run(p, a["q_nope"], a["q_pe"], a["ckv_cache"], a["kpe_cache"],
+                   sparse_indices=np.zeros((2, 4), np.int32))
+    with pytest.raises(ValueError, match="device"):
+        fp8mla.PagedLatentCache(4, 4, device="cuda:x")
+
+
+@pytest.mark.skipif(fp8mla.cuda_available(), reason="CUDA is available here")
+def test_cuda_without_cuda_is_runtime_error():
+    g = good()
+    with pytest.raises(RuntimeError):
+        fp8mla.plan(g["qo_indptr"], g["kv_indptr"], g["kv_indices"], g["kv_len_arr"],
+                    num_heads=HEADS, page_size=PAGE, num_pages=PAGES, sm_scale=0.1,
+                    device="cuda")
+    with pytest.raises(RuntimeError):
+        fp8mla.PagedLatentCache(4, 4, device="cuda")
+
+
+def test_errors_are_not_value_errors_for_runtime_failures():
+    cache = fp8mla.PagedLatentCache(4, 2)
+    cache.allocate(4)
+    with pytest.raises(RuntimeError) as e:  # out of memory: a RuntimeError, not a ValueError
+        cache.allocate(1)
+    assert not isinstance(e.value, ValueError)
+    assert ref is not None

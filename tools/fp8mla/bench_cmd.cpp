@@ -1,0 +1,273 @@
+// `fp8mla bench`: the GPU grid (bench/gpu_bench.cu) on a CUDA device; otherwise a CPU bench of
+// the library's fast path against the float64 reference, per format.
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/baselines/baselines.h"
+#include "bench/gpu_bench.h"
+#include "fp8mla/attention.h"
+#include "fp8mla/error.h"
+#include "src/core/backend.h"
+#include "tools/fp8mla/args.h"
+#include "tools/fp8mla/commands.h"
+#include "tools/fp8mla/util.h"
+#include "tools/fp8mla/workload.h"
+
+namespace fp8mla::cli {
+namespace {
+
+struct BenchOptions {
+  bool quick = false;
+  std::vector<int> batches, heads, contexts, page_sizes;
+  std::vector<std::string> formats;
+  bool no_baselines = false;
+  std::string json;
+  bool no_progress = false;
+  std::string device = "auto";
+};
+
+// The fast path against the float64 reference: fp32 accumulation and bf16 output rounding.
+constexpr double kReferenceTol = 1e-2;
+
+struct CpuCase {
+  KvFormat format = KvFormat::fp8_e4m3;
+  int batch = 0, heads = 0, context = 0, page_size = 0;
+  double fast_s = 0, ref_s = 0, baseline_s = 0;
+  std::int64_t tokens = 0, ref_tokens = 0;
+  Comparison vs_ref;
+};
+
+// Median time of fn() over enough repetitions to fill ~budget_s (at least 3, after a warm-up).
+template <class Fn>
+double median_time(double budget_s, Fn&& fn) {
+  Clock::time_point start = Clock::now();
+  fn();  // warm-up: first-touch of outputs and workspaces
+  const double first = seconds_since(start);
+  const int reps = std::clamp(static_cast<int>(budget_s / std::max(first, 1e-6)), 3, 50);
+  std::vector<double> times;
+  for (int i = 0; i < reps; ++i) {
+    start = Clock::now();
+    fn();
+    times.push_back(seconds_since(start));
+  }
+  std::nth_element(times.begin(), times.begin() + reps / 2, times.end());
+  return times[static_cast<std::size_t>(reps / 2)];
+}
+
+void run_cpu_case(CpuCase& c, bool baselines, double budget_s) {
+  WorkloadConfig wc;
+  wc.format = c.format;
+  wc.page_size = c.page_size;
+  wc.batch = c.batch;
+  wc.mean_context = c.context;
+  wc.ragged = false;  // the ANCHORS.md grid: every request has the same context
+  wc.pool_tokens =
+      std::int64_t{c.batch} * ((c.context + c.page_size - 1) / c.page_size) * c.page_size;
+  const Workload w = make_workload(wc);
+  c.tokens = w.active_tokens;
+  const float sm_scale = 0.0625f;
+
+  const Plan fast = plan(
+      make_problem(w, c.heads, sm_scale, c.format, w.num_pages, w.kv_indices, DeviceKind::cpu));
+  Activations acts(c.batch, c.heads, DeviceKind::cpu, 0);
+  Rng rng(7);
+  acts.draw(rng);
+  Output out(c.batch, c.heads, DeviceKind::cpu, 0);
+  out.poison();
+  RunArgs args;
+  args.q_nope = acts.q_nope_view();
+  args.q_pe = acts.q_pe_view();
+  args.kv = w.cache().view();
+  args.out = out.out_view();
+  args.lse = out.lse_view();
+  c.fast_s = median_time(budget_s, [&] { run(fast, args); });
+
+  // The reference is one float64 thread: time it on request 0 only and compare its rows.
+  Problem p = make_problem(w, c.heads, sm_scale, c.format, w.num_pages,
+                           std::span(w.kv_indices).first(static_cast<std::size_t>(w.kv_indptr[1])),
+                           DeviceKind::cpu);
+  p.qo_indptr = std::span(w.qo_indptr).first(2);
+  p.kv_indptr = std::span(w.kv_indptr).first(2);
+  p.kv_len = std::span(w.kv_len).first(1);
+  PlanOptions ref_options;
+  ref_options.cpu_reference = true;
+  const Plan ref = plan(p, ref_options);
+  Output ref_out(1, c.heads, DeviceKind::cpu, 0);
+  ref_out.poison();
+  RunArgs ref_args = args;
+  ref_args.q_nope = make_view(acts.q_nope.data(), DType::bf16, {1, c.heads, kDimCkv});
+  ref_args.q_pe = make_view(acts.q_pe.data(), DType::bf16, {1, c.heads, kDimKpe});
+  ref_args.out = ref_out.out_view();
+  ref_args.lse = ref_out.lse_view();
+  const Clock::time_point start = Clock::now();
+  run(ref, ref_args);
+  c.ref_s = seconds_since(start);
+  c.ref_tokens = w.kv_len[0];
+  const std::vector<std::uint16_t> expected = ref_out.host_out();
+  const std::vector<std::uint16_t> got = out.host_out();
+  c.vs_ref = compare_bf16(std::span(got).first(expected.size()), expected);
+
+  if (baselines) {
+    // Gather-then-cast into a bf16 buffer, then the same fast path on bf16.
+    Buffer gathered(static_cast<std::size_t>(w.active_pages) * c.page_size * 2 * kDimQk,
+                    DeviceKind::cpu);
+    const KvCacheView gv = bf16_cache_view(gathered, w.active_pages, c.page_size);
+    std::vector<std::int32_t> identity(w.kv_indices.size());
+    std::iota(identity.begin(), identity.end(), 0);
+    const Plan bf16_plan = plan(make_problem(w, c.heads, sm_scale, KvFormat::bf16, w.active_pages,
+                                             identity, DeviceKind::cpu));
+    RunArgs bargs = args;
+    bargs.kv = gv;
+    const KvCacheView src = w.cache().view();
+    c.baseline_s = median_time(budget_s, [&] {
+      baselines::gather_cast_to_bf16(src, w.kv_indices.data(), w.active_pages, gv);
+      run(bf16_plan, bargs);
+    });
+  }
+}
+
+int run_cpu_bench(const BenchOptions& o) {
+  std::vector<int> batches = o.batches, heads = o.heads, contexts = o.contexts;
+  std::vector<int> pages = o.page_sizes;
+  if (batches.empty()) batches = o.quick ? std::vector<int>{4} : std::vector<int>{1, 16};
+  if (heads.empty()) heads = o.quick ? std::vector<int>{8} : std::vector<int>{8, 128};
+  if (contexts.empty()) contexts = {4096};
+  if (pages.empty()) pages = o.quick ? std::vector<int>{64} : std::vector<int>{64, 1};
+  std::vector<KvFormat> formats;
+  for (const std::string& f : o.formats) formats.push_back(parse_format(f));
+  if (formats.empty()) formats = {KvFormat::fp8_e4m3, KvFormat::fp8_e4m3_block, KvFormat::bf16};
+  for (const int p : pages) {
+    if ((p & (p - 1)) != 0) {
+      throw UsageError("fp8mla bench: --page-size: expected powers of two in [1, 128], got " +
+                       std::to_string(p));
+    }
+  }
+
+  std::vector<CpuCase> cases;
+  for (const KvFormat f : formats)
+    for (const int b : batches)
+      for (const int h : heads)
+        for (const int ctx : contexts)
+          for (const int p : pages) {
+            CpuCase c;
+            c.format = f;
+            c.batch = b;
+            c.heads = h;
+            c.context = ctx;
+            c.page_size = p;
+            cases.push_back(c);
+          }
+
+  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  std::printf("fp8mla bench (cpu, %u threads): the library's fast path vs its float64 reference\n",
+              threads);
+  std::printf(
+      "  GB/s counts the format's KV bytes of every context token once (the FP8 floor's "
+      "measure);\n  the reference runs on request 0 only (one thread)%s\n\n",
+      o.no_baselines ? "" : "; gather+cast = gather the pages to bf16, then the fast path");
+  std::printf("%-15s %4s %5s %7s %4s %11s %8s %9s %8s %9s %9s\n", "format", "bs", "heads", "ctx",
+              "page", "fast us", "GB/s", "ref GB/s", "fast/ref", o.no_baselines ? "" : "g+c us",
+              "rel L2");
+  Progress progress("fp8mla bench", static_cast<std::int64_t>(cases.size()), !o.no_progress);
+  bool ok = true;
+  const double budget = o.quick ? 0.1 : 0.4;
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    CpuCase& c = cases[i];
+    run_cpu_case(c, !o.no_baselines, budget);
+    progress.clear();
+    const double tb = static_cast<double>(token_bytes(c.format));
+    const double gbs = static_cast<double>(c.tokens) * tb / c.fast_s / 1e9;
+    const double ref_gbs = static_cast<double>(c.ref_tokens) * tb / c.ref_s / 1e9;
+    const bool case_ok = passes(c.vs_ref, kReferenceTol);
+    ok = ok && case_ok;
+    std::printf("%-15s %4d %5d %7d %4d %11s %8s %9s %8s %9s %9s%s\n", format_name(c.format),
+                c.batch, c.heads, c.context, c.page_size, format_fixed(c.fast_s * 1e6, 1).c_str(),
+                format_fixed(gbs, 2).c_str(), format_fixed(ref_gbs, 3).c_str(),
+                format_fixed(gbs / ref_gbs, 1).c_str(),
+                o.no_baselines ? "" : format_fixed(c.baseline_s * 1e6, 1).c_str(),
+                format_sci(c.vs_ref.rel_l2).c_str(), case_ok ? "" : "  FAILED");
+    std::fflush(stdout);
+    progress.update(static_cast<std::int64_t>(i + 1));
+  }
+  progress.finish();
+  std::printf("\n%s: fast path vs reference rel L2 within %s in every case\n", ok ? "OK" : "FAILED",
+              format_sci(kReferenceTol).c_str());
+
+  if (!o.json.empty()) {
+    JsonWriter j;
+    j.begin_object().value("command", "bench").value("device", "cpu").value("ok", ok);
+    j.value("threads", static_cast<int>(threads)).begin_array("cases");
+    for (const CpuCase& c : cases) {
+      const double tb = static_cast<double>(token_bytes(c.format));
+      j.begin_object().value("format", format_name(c.format)).value("batch", c.batch);
+      j.value("heads", c.heads).value("context", c.context).value("page_size", c.page_size);
+      j.value("fast_us", c.fast_s * 1e6);
+      j.value("fast_gbps", static_cast<double>(c.tokens) * tb / c.fast_s / 1e9);
+      j.value("reference_gbps", static_cast<double>(c.ref_tokens) * tb / c.ref_s / 1e9);
+      if (!o.no_baselines) j.value("gather_cast_us", c.baseline_s * 1e6);
+      j.value("rel_l2_vs_reference", c.vs_ref.rel_l2).end_object();
+    }
+    j.end_array().end_object();
+    j.save(o.json);
+  }
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int run_bench(std::span<const std::string_view> argv) {
+  BenchOptions o;
+  ArgParser ap("fp8mla bench",
+               "Benchmarks MLA decode. With a CUDA device: measures the device's copy / read /\n"
+               "matmul ceilings, then the ANCHORS.md grid (batch x heads x context x page size x\n"
+               "format, plus the cast-pool and gather-then-cast baselines) in CUDA graphs, each\n"
+               "call reading a different region of a pool far larger than L2. Without one: the\n"
+               "CPU fast path against the float64 reference, per format.");
+  ap.add_flag("quick", &o.quick, "a short run (about a minute): fewer cases and repetitions");
+  ap.add_int_list("batch", &o.batches, "batch sizes", 1, 4096);
+  ap.set_default_text("batch", "gpu: 1,16,64,128; cpu: 1,16 (quick: 4)");
+  ap.add_int_list("heads", &o.heads, "query heads per request", 1, kMaxHeads);
+  ap.set_default_text("heads", "gpu: 8,16,128; cpu: 8,128 (quick: 8)");
+  ap.add_int_list("context", &o.contexts, "context lengths in tokens", 1, 1 << 24);
+  ap.set_default_text("context", "gpu: 4096,32768,131072 at bs 1, 4096/8192 otherwise; cpu: 4096");
+  ap.add_int_list("page-size", &o.page_sizes, "page sizes (powers of two)", 1, kMaxPageSize);
+  ap.set_default_text("page-size", "64,1 (cpu quick: 64)");
+  ap.add_choice_list("format", &o.formats, {"fp8_e4m3", "fp8_e4m3_block", "bf16"}, "KV formats");
+  ap.set_default_text("format", "gpu: fp8_e4m3,bf16; cpu: all three");
+  ap.add_flag("no-baselines", &o.no_baselines, "skip the cast-pool / gather-then-cast baselines");
+  ap.add_string("json", &o.json, "FILE", "also write the results as JSON to FILE");
+  ap.add_flag("no-progress", &o.no_progress, "no progress bar on stderr");
+  ap.add_choice("device", &o.device, {"auto", "cpu", "cuda"},
+                "what to benchmark (auto: cuda when a device is visible)");
+  ap.set_epilog(
+      "examples:\n  fp8mla bench --quick\n"
+      "  fp8mla bench --batch 1,64 --heads 8 --context 4096 --format fp8_e4m3");
+  if (!ap.parse(argv)) return 0;
+
+  const bool gpu = o.device == "cuda" || (o.device == "auto" && cuda_available());
+  if (gpu) {
+    bench::GpuBenchOptions g;
+    g.quick = o.quick;
+    g.batches = o.batches;
+    g.heads = o.heads;
+    g.contexts = o.contexts;
+    g.page_sizes = o.page_sizes;
+    for (const std::string& f : o.formats) g.formats.push_back(parse_format(f));
+    g.baselines = !o.no_baselines;
+    g.json_path = o.json;
+    g.progress = !o.no_progress;
+    return bench::run_gpu_bench(g);
+  }
+  if (o.device == "auto") {
+    std::printf("note: the GPU grid needs a CUDA device (%s); running the CPU bench instead\n\n",
+                detail::cuda_built() ? "this build has the CUDA backend but sees no device"
+                                     : "this build has no CUDA backend: -DFP8MLA_CUDA=ON");
+  }
+  return run_cpu_bench(o);
+}
+
+}  // namespace fp8mla::cli
