@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -108,9 +109,22 @@ class TokenDecoder {
           std::memcpy(&scale, c + kBlockScaleOffset + 4 * g, sizeof(float));
           const std::uint8_t* codes = c + g * kBlockGroup;
           std::uint16_t* out = ckv + g * kBlockGroup;
-          // A power-of-two scale times an e4m3 value is exact in float32 and in bf16.
-          for (int i = 0; i < kBlockGroup; ++i)
-            out[i] = float_to_bf16(code_value_[codes[i]] * scale);
+          // A power-of-two scale (what DeepSeek's writer stores) times an e4m3 value (4
+          // significant bits) is exact in float32 with the low 16 bits zero, so bf16 is its upper
+          // half: no rounding to do. Far from the subnormal range that holds for inf and NaN too.
+          // Any other scale takes the rounding path.
+          const auto bits = std::bit_cast<std::uint32_t>(scale);
+          const std::uint32_t exponent = (bits >> 23) & 0xff;
+          if ((bits & 0x7fffff) == 0 && exponent >= 30 && exponent < 255) {
+            for (int i = 0; i < kBlockGroup; ++i) {
+              out[i] = static_cast<std::uint16_t>(
+                  std::bit_cast<std::uint32_t>(code_value_[codes[i]] * scale) >> 16);
+            }
+          } else {
+            for (int i = 0; i < kBlockGroup; ++i) {
+              out[i] = float_to_bf16(code_value_[codes[i]] * scale);
+            }
+          }
         }
         std::memcpy(kpe, c + kBlockRopeOffset, kDimKpe * 2);
         break;

@@ -41,6 +41,9 @@ using fp8mla::TensorView;
 
 using ArrayRo = nb::ndarray<nb::ro>;  // any framework, dtype, device; read-only is fine
 using ArrayRw = nb::ndarray<>;        // must be writable (outputs)
+// Returned arrays: a nanobind array object with __dlpack__ and the buffer protocol, so
+// numpy.from_dlpack / torch.from_dlpack / memoryview all take it.
+using ArrayOut = nb::ndarray<nb::array_api>;
 
 [[noreturn]] void bad(const std::string& argument, const std::string& message) {
   throw Error(ErrorCode::invalid_argument, argument, message);
@@ -101,8 +104,9 @@ class Args {
     if (obj.is_none()) return {};
     ArrayRo a;
     if (!nb::try_cast(obj, a, false))
-      throw nb::type_error((name + ": expected an array or tensor with DLPack support (numpy, "
-                                   "torch, cupy), got " +
+      throw nb::type_error((name +
+                            ": expected an array or tensor with DLPack support (numpy, "
+                            "torch, cupy), got " +
                             std::string(nb::type_name(obj.type()).c_str()))
                                .c_str());
     ro_.push_back(a);
@@ -112,8 +116,9 @@ class Args {
     if (obj.is_none()) return {};
     ArrayRw a;
     if (!nb::try_cast(obj, a, false))
-      throw nb::type_error((name + ": expected a writable array or tensor with DLPack support "
-                                   "(numpy, torch, cupy), got " +
+      throw nb::type_error((name +
+                            ": expected a writable array or tensor with DLPack support "
+                            "(numpy, torch, cupy), got " +
                             std::string(nb::type_name(obj.type()).c_str()))
                                .c_str());
     rw_.push_back(a);
@@ -152,9 +157,8 @@ struct ProblemArgs {
 
 void fill_problem(ProblemArgs& pa, nb::handle qo_indptr, nb::handle kv_indptr,
                   nb::handle kv_indices, nb::handle kv_len, int num_heads, int page_size,
-                  std::int64_t num_pages, KvFormat kv_format, bool causal, float sm_scale,
-                  int topk, nb::handle sparse_indices, const std::string& device,
-                  int device_id) {
+                  std::int64_t num_pages, KvFormat kv_format, bool causal, float sm_scale, int topk,
+                  nb::handle sparse_indices, const std::string& device, int device_id) {
   fp8mla::Problem& p = pa.problem;
   p.num_heads = num_heads;
   p.page_size = page_size;
@@ -165,28 +169,30 @@ void fill_problem(ProblemArgs& pa, nb::handle qo_indptr, nb::handle kv_indptr,
   p.topk = topk;
   p.device = parse_device(device);
   p.device_id = device_id;
-  p.qo_indptr = host_span<const std::int32_t>(pa.keep.in(qo_indptr, "qo_indptr"), "qo_indptr",
-                                              DType::i32);
-  p.kv_indptr = host_span<const std::int32_t>(pa.keep.in(kv_indptr, "kv_indptr"), "kv_indptr",
-                                              DType::i32);
-  p.kv_indices = host_span<const std::int32_t>(pa.keep.in(kv_indices, "kv_indices"),
-                                               "kv_indices", DType::i32);
+  p.qo_indptr =
+      host_span<const std::int32_t>(pa.keep.in(qo_indptr, "qo_indptr"), "qo_indptr", DType::i32);
+  p.kv_indptr =
+      host_span<const std::int32_t>(pa.keep.in(kv_indptr, "kv_indptr"), "kv_indptr", DType::i32);
+  p.kv_indices =
+      host_span<const std::int32_t>(pa.keep.in(kv_indices, "kv_indices"), "kv_indices", DType::i32);
   p.kv_len = host_span<const std::int32_t>(pa.keep.in(kv_len, "kv_len"), "kv_len", DType::i32);
-  p.sparse_indices = host_span<const std::int32_t>(
-      pa.keep.in(sparse_indices, "sparse_indices"), "sparse_indices", DType::i32);
+  p.sparse_indices = host_span<const std::int32_t>(pa.keep.in(sparse_indices, "sparse_indices"),
+                                                   "sparse_indices", DType::i32);
 }
 
 void translate_error(const std::exception_ptr& e, void*) {
   try {
     std::rethrow_exception(e);
   } catch (const Error& err) {
-    PyErr_SetString(err.code() == ErrorCode::invalid_argument ? PyExc_ValueError
-                                                              : PyExc_RuntimeError,
-                    err.what());
+    PyErr_SetString(
+        err.code() == ErrorCode::invalid_argument ? PyExc_ValueError : PyExc_RuntimeError,
+        err.what());
   }
 }
 
-void* as_stream(std::uintptr_t stream) { return reinterpret_cast<void*>(stream); }
+void* as_stream(std::uintptr_t stream) {
+  return reinterpret_cast<void*>(stream);
+}
 
 NanPolicy parse_nan(const std::string& nan) {
   if (nan == "propagate") return NanPolicy::propagate;
@@ -215,8 +221,10 @@ NB_MODULE(_fp8mla, m) {
   m.def("version", [] { return std::string(fp8mla::version()); });
   m.def("cuda_available", &fp8mla::cuda_available);
   m.def("format_name", [](KvFormat f) { return std::string(fp8mla::format_name(f)); });
-  m.def("parse_format", [](const std::string& s) { return fp8mla::parse_format(s); }, "name"_a);
-  m.def("token_bytes", [](KvFormat f) { return fp8mla::token_bytes(f); }, "format"_a);
+  m.def(
+      "parse_format", [](const std::string& s) { return fp8mla::parse_format(s); }, "name"_a);
+  m.def(
+      "token_bytes", [](KvFormat f) { return fp8mla::token_bytes(f); }, "format"_a);
 
   // ---- Plan ----
   nb::class_<fp8mla::Plan>(m, "Plan",
@@ -226,8 +234,9 @@ NB_MODULE(_fp8mla, m) {
       .def_prop_ro("num_heads", &fp8mla::Plan::num_heads)
       .def_prop_ro("topk", &fp8mla::Plan::topk)
       .def_prop_ro("kv_format", &fp8mla::Plan::kv_format)
-      .def_prop_ro("device",
-                   [](const fp8mla::Plan& p) { return std::string(fp8mla::device_name(p.device())); })
+      .def_prop_ro(
+          "device",
+          [](const fp8mla::Plan& p) { return std::string(fp8mla::device_name(p.device())); })
       .def_prop_ro("partial_rows", &fp8mla::Plan::partial_rows)
       .def_prop_ro("num_splits",
                    [](const fp8mla::Plan& p) {
@@ -248,10 +257,10 @@ NB_MODULE(_fp8mla, m) {
       .def("__repr__", [](const fp8mla::Plan& p) {
         return "fp8mla.Plan(batch=" + std::to_string(p.batch()) +
                ", total_q=" + std::to_string(p.total_q()) +
-               ", num_heads=" + std::to_string(p.num_heads()) + ", kv_format=" +
-               fp8mla::format_name(p.kv_format()) + ", device=" +
-               fp8mla::device_name(p.device()) + ", tiles=" + std::to_string(p.tiles().size()) +
-               ")";
+               ", num_heads=" + std::to_string(p.num_heads()) +
+               ", kv_format=" + fp8mla::format_name(p.kv_format()) +
+               ", device=" + fp8mla::device_name(p.device()) +
+               ", tiles=" + std::to_string(p.tiles().size()) + ")";
       });
 
   m.def(
@@ -263,9 +272,8 @@ NB_MODULE(_fp8mla, m) {
          bool cpu_reference, bool cuda_graph, int max_batch, int max_total_q,
          std::int64_t max_kv_indices, int max_qo_len) {
         ProblemArgs pa;
-        fill_problem(pa, qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size,
-                     num_pages, kv_format, causal, sm_scale, topk, sparse_indices, device,
-                     device_id);
+        fill_problem(pa, qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size, num_pages,
+                     kv_format, causal, sm_scale, topk, sparse_indices, device, device_id);
         fp8mla::PlanOptions o;
         o.sm_count = sm_count;
         o.ctas_per_sm = ctas_per_sm;
@@ -280,11 +288,11 @@ NB_MODULE(_fp8mla, m) {
         nb::gil_scoped_release release;
         return fp8mla::plan(pa.problem, o);
       },
-      "qo_indptr"_a.none(), "kv_indptr"_a.none(), "kv_indices"_a.none(), "kv_len"_a.none(), "num_heads"_a, "page_size"_a,
-      "num_pages"_a, "kv_format"_a, "causal"_a, "sm_scale"_a, "topk"_a, "sparse_indices"_a.none(),
-      "device"_a, "device_id"_a, "sm_count"_a, "ctas_per_sm"_a, "min_chunk_tokens"_a,
-      "num_threads"_a, "cpu_reference"_a, "cuda_graph"_a, "max_batch"_a, "max_total_q"_a,
-      "max_kv_indices"_a, "max_qo_len"_a);
+      "qo_indptr"_a.none(), "kv_indptr"_a.none(), "kv_indices"_a.none(), "kv_len"_a.none(),
+      "num_heads"_a, "page_size"_a, "num_pages"_a, "kv_format"_a, "causal"_a, "sm_scale"_a,
+      "topk"_a, "sparse_indices"_a.none(), "device"_a, "device_id"_a, "sm_count"_a, "ctas_per_sm"_a,
+      "min_chunk_tokens"_a, "num_threads"_a, "cpu_reference"_a, "cuda_graph"_a, "max_batch"_a,
+      "max_total_q"_a, "max_kv_indices"_a, "max_qo_len"_a);
 
   m.def(
       "replan",
@@ -293,20 +301,19 @@ NB_MODULE(_fp8mla, m) {
          KvFormat kv_format, bool causal, float sm_scale, int topk, nb::handle sparse_indices,
          const std::string& device, int device_id) {
         ProblemArgs pa;
-        fill_problem(pa, qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size,
-                     num_pages, kv_format, causal, sm_scale, topk, sparse_indices, device,
-                     device_id);
+        fill_problem(pa, qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size, num_pages,
+                     kv_format, causal, sm_scale, topk, sparse_indices, device, device_id);
         nb::gil_scoped_release release;
         fp8mla::replan(p, pa.problem);
       },
-      "plan"_a, "qo_indptr"_a.none(), "kv_indptr"_a.none(), "kv_indices"_a.none(), "kv_len"_a.none(), "num_heads"_a,
-      "page_size"_a, "num_pages"_a, "kv_format"_a, "causal"_a, "sm_scale"_a, "topk"_a,
-      "sparse_indices"_a.none(), "device"_a, "device_id"_a);
+      "plan"_a, "qo_indptr"_a.none(), "kv_indptr"_a.none(), "kv_indices"_a.none(),
+      "kv_len"_a.none(), "num_heads"_a, "page_size"_a, "num_pages"_a, "kv_format"_a, "causal"_a,
+      "sm_scale"_a, "topk"_a, "sparse_indices"_a.none(), "device"_a, "device_id"_a);
 
   m.def(
       "run",
-      [](const fp8mla::Plan& p, nb::handle q_nope, nb::handle q_pe, nb::handle ckv,
-         nb::handle kpe, nb::handle out, nb::handle lse, float ckv_scale, float kpe_scale,
+      [](const fp8mla::Plan& p, nb::handle q_nope, nb::handle q_pe, nb::handle ckv, nb::handle kpe,
+         nb::handle out, nb::handle lse, float ckv_scale, float kpe_scale,
          nb::handle sparse_indices, std::uintptr_t stream) {
         Args keep;
         fp8mla::RunArgs a;
@@ -324,8 +331,9 @@ NB_MODULE(_fp8mla, m) {
         nb::gil_scoped_release release;
         fp8mla::run(p, a);
       },
-      "plan"_a, "q_nope"_a.none(), "q_pe"_a.none(), "ckv_cache"_a.none(), "kpe_cache"_a.none(), "out"_a.none(), "lse"_a.none(),
-      "ckv_scale"_a, "kpe_scale"_a, "sparse_indices"_a.none(), "stream"_a);
+      "plan"_a, "q_nope"_a.none(), "q_pe"_a.none(), "ckv_cache"_a.none(), "kpe_cache"_a.none(),
+      "out"_a.none(), "lse"_a.none(), "ckv_scale"_a, "kpe_scale"_a, "sparse_indices"_a.none(),
+      "stream"_a);
 
   m.def(
       "merge_states",
@@ -344,8 +352,8 @@ NB_MODULE(_fp8mla, m) {
   nb::class_<fp8mla::PagedLatentCache>(m, "PagedLatentCache")
       .def(
           "__init__",
-          [](fp8mla::PagedLatentCache* self, std::int64_t num_pages, int page_size,
-             KvFormat format, float scale, const std::string& device, int device_id) {
+          [](fp8mla::PagedLatentCache* self, std::int64_t num_pages, int page_size, KvFormat format,
+             float scale, const std::string& device, int device_id) {
             fp8mla::CacheConfig c;
             c.num_pages = num_pages;
             c.page_size = page_size;
@@ -401,11 +409,11 @@ NB_MODULE(_fp8mla, m) {
                                           static_cast<std::size_t>(s.shape[1]),
                                           static_cast<std::size_t>(s.shape[2])};
             const std::int64_t strides[3] = {s.stride[0], s.stride[1], s.stride[2]};
-            const int device_type = s.device == DeviceKind::cuda ? nb::device::cuda::value
-                                                                  : nb::device::cpu::value;
+            const int device_type =
+                s.device == DeviceKind::cuda ? nb::device::cuda::value : nb::device::cpu::value;
             // The array keeps the cache object alive (owner = self).
-            return ArrayRw(s.data, 3, shape, self, strides, nb::dtype<std::uint8_t>(),
-                           device_type, s.device_id);
+            return ArrayOut(s.data, 3, shape, self, strides, nb::dtype<std::uint8_t>(), device_type,
+                            s.device_id);
           },
           "The cache bytes, uint8 [num_pages, page_size, token_bytes] (DLPack; no copy).")
       .def(
@@ -462,8 +470,7 @@ NB_MODULE(_fp8mla, m) {
       "x"_a, "out"_a.none());
   m.def(
       "encode_tokens",
-      [](KvFormat format, float scale, nb::handle values, nb::handle out,
-         const std::string& nan) {
+      [](KvFormat format, float scale, nb::handle values, nb::handle out, const std::string& nan) {
         Args keep;
         auto in = host_span<const float>(keep.in(values, "values"), "values", DType::f32);
         auto o = host_span<std::uint8_t>(keep.out(out, "out"), "out", DType::u8);

@@ -197,8 +197,8 @@ def empty(like, shape, dtype):
     if np is None:
         raise RuntimeError("allocating an output needs numpy (or pass torch tensors)")
     if dtype == "bf16":
-        ndt = like.dtype if (is_numpy(like) and like.dtype.name in ("uint16", "bfloat16")) else np.uint16
-        return np.empty(shape, dtype=ndt)
+        carrier = is_numpy(like) and like.dtype.name in ("uint16", "bfloat16")
+        return np.empty(shape, dtype=like.dtype if carrier else np.uint16)
     return np.empty(shape, dtype=np.float32)
 
 
@@ -229,4 +229,15 @@ def squeeze_head_dim(x):
     """[pages, page_size, 1, D] (SGLang's pool with its head dim of 1) -> [pages, page_size, D]."""
     if x is not None and getattr(x, "ndim", 0) == 4 and x.shape[2] == 1:
         return x[:, :, 0]
+    return x
+
+
+def require_array(x, name, ndim=None):
+    """TypeError naming ``name`` unless ``x`` is an array (has .shape and, given ``ndim``,
+    that many dimensions: a ValueError otherwise)."""
+    if not hasattr(x, "shape"):
+        raise TypeError(f"{name}: expected an array or tensor with DLPack support (numpy, torch, "
+                        f"cupy), got {type(x).__name__}")
+    if ndim is not None and len(x.shape) != ndim:
+        raise ValueError(f"{name}.ndim: expected {ndim} dimensions, got shape {tuple(x.shape)}")
     return x

@@ -14,12 +14,12 @@ The LSE returned here is the library's: natural log. The FlashInfer-compatible w
 from . import _fp8mla as _ext
 from ._tensors import (
     current_stream,
-    device_of,
     empty,
     for_ext,
     host_i32,
     numpy_module,
     parse_device,
+    require_array,
     torch_module,
 )
 
@@ -218,6 +218,7 @@ def run(
     both values). Releases the GIL while computing. Not a torch custom op (torch.compile graph
     breaks here): BatchMLAPagedAttentionWrapper.run and fp8mla.torch_ops are.
     """
+    require_array(q_nope, "q_nope", 3)
     if out is None:
         out = empty(q_nope, (q_nope.shape[0], q_nope.shape[1], DIM_CKV), "bf16")
     if lse is None and return_lse:
@@ -325,28 +326,30 @@ class PagedLatentCache:
             for_ext(slots), for_ext(ckv), for_ext(kpe), str(nan), _stream(stream, ckv)
         )
 
-    def storage(self):
-        """The cache bytes, uint8 [num_pages, page_size, token_bytes], no copy: a numpy array
-        for a host cache (a torch tensor when numpy is missing), a torch tensor for a CUDA
-        cache. The array keeps the cache alive."""
+    def storage(self, framework=None):
+        """The cache bytes, uint8 [num_pages, page_size, token_bytes], no copy; the array keeps
+        the cache alive. framework: "numpy" or "torch"; None = numpy for a host cache (torch
+        when numpy is missing), torch for a CUDA cache. ValueError for another framework or
+        numpy with a CUDA cache."""
         raw = self._c.storage()
-        if self._c.device == "cuda":
+        if framework is None:
+            framework = "torch" if self._c.device == "cuda" or numpy_module() is None else "numpy"
+        if framework == "torch":
             import torch
 
             return torch.from_dlpack(raw)
-        np = numpy_module()
-        if np is not None:
-            return np.from_dlpack(raw)
-        import torch
+        if framework == "numpy" and self._c.device == "cpu":
+            return numpy_module().from_dlpack(raw)
+        raise ValueError(
+            f'framework: expected "numpy" (host caches) or "torch", got {framework!r}'
+        )
 
-        return torch.from_dlpack(raw)
-
-    def view(self):
-        """(ckv_cache, kpe_cache) as run() and the wrapper take them, views into storage():
-        bf16: bf16 bits [P, S, 512] / [P, S, 64] (uint16 in numpy, torch.bfloat16 in torch);
-        fp8_e4m3: uint8 (numpy) / float8_e4m3fn (torch) [P, S, 512] / [P, S, 64];
-        fp8_e4m3_block: (uint8 [P, S, 656], None)."""
-        st = self.storage()
+    def view(self, framework=None):
+        """(ckv_cache, kpe_cache) as run() and the wrapper take them, views into storage()
+        (``framework`` as there): bf16: [P, S, 512] / [P, S, 64] bf16 (uint16 bits in numpy,
+        torch.bfloat16 in torch); fp8_e4m3: the same shapes, uint8 (numpy) / float8_e4m3fn
+        (torch); fp8_e4m3_block: (uint8 [P, S, 656], None)."""
+        st = self.storage(framework)
         fmt = self._c.format
         is_t = is_torch_tensor(st)
         if fmt == KvFormat.fp8_e4m3_block:
@@ -472,7 +475,9 @@ def decode_tokens(data, kv_format, scale=1.0):
     np, a = _np_in(data, "uint8")
     tb = _ext.token_bytes(fmt)
     if a.ndim < 1 or a.shape[-1] != tb:
-        raise ValueError(f"data: expected shape [..., {tb}] for {_ext.format_name(fmt)}, got {a.shape}")
+        raise ValueError(
+            f"data: expected shape [..., {tb}] for {_ext.format_name(fmt)}, got {a.shape}"
+        )
     out = np.empty(a.shape[:-1] + (DIM_QK,), dtype=np.float32)
     _ext.decode_tokens(fmt, float(scale), a, out)
     return out

@@ -7,39 +7,18 @@ time a wrapper is run with torch tensors). The op
                                 ckv_scale, kpe_scale) -> None
 
 writes ``out`` (bf16 [total_q, H, 512]) and, when given, ``lse`` (float32 [total_q, H], natural
-log) for the plan registered under ``plan_key`` (an int, see ``register``). It launches on
+log) for the plan registered under ``plan_key`` (an int, see fp8mla._registry). It launches on
 torch's current CUDA stream, allocates nothing and never synchronises, so it may be captured in
 a CUDA graph; its fake (meta) implementation lets torch.compile trace through it without a
 graph break (the op is opaque to the compiler and mutates only ``out`` and ``lse``).
 """
 
-import itertools
-import weakref
 from typing import Optional
 
 import torch
 
+from ._registry import lookup, register  # noqa: F401  (register: for other owners)
 from ._tensors import current_stream
-
-_owners = {}  # plan key -> weakref to an object with _run_native(...)
-_keys = itertools.count(1)
-
-
-def register(owner):
-    """Registers ``owner`` (an object with ``_run_native``, e.g. a wrapper) and returns the int
-    key the op takes. The entry disappears when ``owner`` is garbage collected."""
-    key = next(_keys)
-    _owners[key] = weakref.ref(owner)
-    weakref.finalize(owner, _owners.pop, key, None)
-    return key
-
-
-def _owner(key):
-    ref = _owners.get(key)
-    owner = ref() if ref is not None else None
-    if owner is None:
-        raise RuntimeError(f"fp8mla::mla_decode: no live plan is registered under key {key}")
-    return owner
 
 
 @torch.library.custom_op("fp8mla::mla_decode", mutates_args=("out", "lse"))
@@ -61,7 +40,7 @@ def mla_decode(
     fp8_e4m3; uint8 [P, S, 656] and kpe None for fp8_e4m3_block); out bf16 [total_q, H, 512];
     lse float32 [total_q, H] or None. Raises ValueError for tensors that do not match the plan.
     """
-    _owner(plan_key)._run_native(
+    lookup(plan_key)._run_native(
         q_nope, q_pe, ckv_cache, kpe_cache, out, lse, ckv_scale, kpe_scale, current_stream(q_nope)
     )
 

@@ -8,7 +8,9 @@ to the host (fp8mla validates every page id).
 """
 
 from . import _fp8mla as _ext
+from . import _registry
 from ._tensors import (
+    as_float,
     device_of,
     empty,
     for_ext,
@@ -17,10 +19,9 @@ from ._tensors import (
     is_torch,
     length,
     max_value,
-    parse_device,
+    require_array,
     squeeze_head_dim,
     to_log2_inplace,
-    as_float,
 )
 from .api import DIM_CKV, DIM_KPE, KvFormat, as_format
 
@@ -134,7 +135,12 @@ class BatchMLAPagedAttentionWrapper:
             kind, index = "cpu", 0
         elif backend == "cuda" and kind != "cuda":
             kind, index = "cuda", 0
-        self.device = (kind, index)
+        self._device = (kind, index)
+        # FlashInfer exposes the workspace's torch.device; keep that (a string without torch).
+        if is_torch(float_workspace_buffer) and kind == device_of(float_workspace_buffer)[0]:
+            self.device = float_workspace_buffer.device
+        else:
+            self.device = "cpu" if kind == "cpu" else f"cuda:{index}"
         self._backend = backend
         self._cpu_reference = backend == "cpu_reference"
         self._num_threads = int(num_threads)
@@ -154,7 +160,7 @@ class BatchMLAPagedAttentionWrapper:
         self._plan = None  # the native Plan
         self._problem = None  # host copies + parameters of the last plan()
         self._planned_pages = None
-        self._key = None  # torch op registry key, made on the first torch run
+        self._key = _registry.register(self)  # how the torch custom op finds this wrapper
 
     # ---- plan ----
 
@@ -225,7 +231,7 @@ class BatchMLAPagedAttentionWrapper:
 
         batch = length(qo) - 1
         total_q = int(qo[batch]) if batch >= 0 else 0
-        self._problem = dict(
+        problem = dict(
             qo=qo, kvp=kvp, kvi=kvi, kvl=kvl, num_heads=int(num_heads),
             page_size=int(page_size), fmt=fmt, causal=bool(causal), sm_scale=float(sm_scale),
             batch=batch, total_q=total_q,
@@ -238,15 +244,16 @@ class BatchMLAPagedAttentionWrapper:
         pages = self._num_pages
         if pages is None:
             pages = max(max_value(kvi) + 1, 1) if length(kvi) else 1
-        self._build(pages)
+        self._build(pages, problem)
+        self._problem = problem  # only once it planned: a failed plan() leaves the last one
 
-    def _build(self, num_pages):
-        p = self._problem
+    def _build(self, num_pages, p):
+        """(Re-)plans problem ``p`` for a pool of ``num_pages`` pages."""
         if p["batch"] <= 0 and length(p["qo"]) == 1:
             # An empty batch (SGLang's idle step): nothing to plan or compute.
             self._planned_pages = num_pages
             return
-        kind, index = self.device
+        kind, index = self._device
         args = (
             p["qo"], p["kvp"], p["kvi"], p["kvl"], p["num_heads"], p["page_size"],
             int(num_pages), p["fmt"], p["causal"], p["sm_scale"], 0, None, kind, index,
@@ -324,6 +331,7 @@ class BatchMLAPagedAttentionWrapper:
                 "ckv_scale_arr: per-token FP8 scales are not supported; use "
                 "kv_format='fp8_e4m3_block' (per-token, per-128-value scales) instead"
             )
+        require_array(q_nope, "q_nope", 3)
         fmt = self._problem["fmt"]
         ckv_cache = squeeze_head_dim(ckv_cache)
         if fmt == KvFormat.fp8_e4m3_block:
@@ -350,8 +358,6 @@ class BatchMLAPagedAttentionWrapper:
         if is_torch(q_nope):
             from . import torch_ops
 
-            if self._key is None:
-                self._key = torch_ops.register(self)
             torch_ops.mla_decode(self._key, q_nope, q_pe, ckv_cache, kpe_cache, out, lse, cs, ks)
         else:
             self._run_native(q_nope, q_pe, ckv_cache, kpe_cache, out, lse, cs, ks, 0)
@@ -374,7 +380,7 @@ class BatchMLAPagedAttentionWrapper:
                     "capture: pass num_pages= to plan() or run once before capturing"
                 )
             self._num_pages = pages
-            self._build(pages)
+            self._build(pages, self._problem)
         elif pages is not None:
             self._num_pages = pages  # later plan() calls check the pool bound at once
         _ext.run(

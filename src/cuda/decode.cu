@@ -14,46 +14,69 @@ namespace fp8mla::detail {
 namespace {
 
 constexpr int kMergeWarps = 8;
+constexpr int kMergeThreads = 256;
+constexpr int kMergeCols = 32;                  // output columns per block
+constexpr int kMergeQuads = kMergeCols / 4;     // threads across the columns (float4 each)
+constexpr int kMergeGroups = kMergeThreads / kMergeQuads;  // threads across the splits
 
-// Combines the split partials of one output row per warp (plan-driven split-KV merge).
-__global__ void __launch_bounds__(32 * kMergeWarps) split_merge_kernel(const MergeParams p) {
-  const int item = blockIdx.x * kMergeWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
+// Combines the split partials of one output row and 32 of its columns per block. Threads
+// spread over splits as well as columns, so a long request's many splits are read with many
+// loads in flight (one warp per row looping over 256 splits was latency bound: ~100 us).
+__global__ void __launch_bounds__(kMergeThreads) split_merge_kernel(const MergeParams p) {
+  const int item = blockIdx.x;
   if (item >= *p.num_items) return;
   const MergeItem it = p.items[item];
   const int qo = p.qo_indptr[it.request + 1] - p.qo_indptr[it.request];
   const int n = p.num_splits[it.request];
   const std::int64_t base = p.partial_offset[it.request] + it.row;
   const std::int64_t stride = static_cast<std::int64_t>(qo) * p.num_heads;
+  const int tid = threadIdx.x, quad = tid % kMergeQuads, group = tid / kMergeQuads;
+  __shared__ float red[kMergeThreads / 32];
+  __shared__ float4 part[kMergeGroups][kMergeQuads];
+  __shared__ float wpart[kMergeGroups];
+
   float mx = -INFINITY;
-  for (int s = 0; s < n; ++s) mx = fmaxf(mx, p.partial_lse[base + s * stride]);
-  float4 acc[4] = {};
+  for (int s = tid; s < n; s += kMergeThreads) mx = fmaxf(mx, p.partial_lse[base + s * stride]);
+  for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  if (tid % 32 == 0) red[tid / 32] = mx;
+  __syncthreads();
+  mx = red[0];
+  for (int w = 1; w < kMergeThreads / 32; ++w) mx = fmaxf(mx, red[w]);
+
+  const int col = blockIdx.y * kMergeCols + 4 * quad;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   float wsum = 0.0f;
   if (mx != -INFINITY) {
-    for (int s = 0; s < n; ++s) {
-      const float w = __expf(p.partial_lse[base + s * stride] - mx);
+#pragma unroll 4
+    for (int s = group; s < n; s += kMergeGroups) {
+      const std::int64_t row = base + s * stride;
+      const float w = __expf(p.partial_lse[row] - mx);
+      const float4 x = *reinterpret_cast<const float4*>(p.partial_o + row * 512 + col);
       wsum += w;
-      const float4* v = reinterpret_cast<const float4*>(p.partial_o + (base + s * stride) * 512);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float4 x = v[lane + 32 * i];
-        acc[i].x += w * x.x, acc[i].y += w * x.y, acc[i].z += w * x.z, acc[i].w += w * x.w;
-      }
+      acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
     }
   }
-  const float inv = wsum > 0.0f ? 1.0f / wsum : wsum == 0.0f ? 0.0f : NAN;  // NaN in, NaN out
+  part[group][quad] = acc;
+  if (quad == 0) wpart[group] = wsum;
+  __syncthreads();
+  if (tid >= kMergeQuads) return;
+  float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+  float total = 0.0f;
+  for (int g = 0; g < kMergeGroups; ++g) {
+    const float4 v = part[g][tid];
+    o.x += v.x, o.y += v.y, o.z += v.z, o.w += v.w;
+    total += wpart[g];
+  }
+  // total == 0: nothing seen (o = 0, lse = -inf); NaN: a NaN reached the row, and stays NaN.
+  const float inv = total > 0.0f ? 1.0f / total : total == 0.0f ? 0.0f : NAN;
   const std::int64_t token = p.qo_indptr[it.request] + it.row / p.num_heads;
   const std::int64_t head = it.row % p.num_heads;
-  __nv_bfloat16* dst = p.out + token * p.out_stride[0] + head * p.out_stride[1];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int c = 4 * (lane + 32 * i);
-    *reinterpret_cast<__nv_bfloat162*>(dst + c) = __floats2bfloat162_rn(acc[i].x * inv, acc[i].y * inv);
-    *reinterpret_cast<__nv_bfloat162*>(dst + c + 2) =
-        __floats2bfloat162_rn(acc[i].z * inv, acc[i].w * inv);
-  }
-  if (p.lse != nullptr && lane == 0) {
+  __nv_bfloat16* dst = p.out + token * p.out_stride[0] + head * p.out_stride[1] + col;
+  *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(o.x * inv, o.y * inv);
+  *reinterpret_cast<__nv_bfloat162*>(dst + 2) = __floats2bfloat162_rn(o.z * inv, o.w * inv);
+  if (p.lse != nullptr && blockIdx.y == 0 && tid == 0) {
     p.lse[token * p.lse_stride[0] + head * p.lse_stride[1]] =
-        wsum > 0.0f ? mx + logf(wsum) : wsum == 0.0f ? -INFINITY : NAN;
+        total > 0.0f ? mx + logf(total) : total == 0.0f ? -INFINITY : NAN;
   }
 }
 
@@ -223,8 +246,8 @@ void cuda_run(PlanState& plan, const RunArgs& args) {
     m.lse = p.lse;
     m.lse_stride[0] = p.lse_stride[0];
     m.lse_stride[1] = p.lse_stride[1];
-    const auto blocks = static_cast<unsigned>((merge_items + kMergeWarps - 1) / kMergeWarps);
-    split_merge_kernel<<<blocks, 32 * kMergeWarps, 0, stream>>>(m);
+    const dim3 grid(static_cast<unsigned>(merge_items), kDimCkv / kMergeCols);
+    split_merge_kernel<<<grid, kMergeThreads, 0, stream>>>(m);
     FP8MLA_CUDA_CHECK_LAUNCH("split_merge_kernel");
   }
 }

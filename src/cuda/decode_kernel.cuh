@@ -192,6 +192,17 @@ __global__ void __launch_bounds__(decode::kThreads, 1) mla_decode_kernel(const D
     }
     *reinterpret_cast<uint4*>(q_s + r * kRowElems + 8 * c) = v;
   }
+  // One m-tile: each warp keeps all of Q's A fragments (36 k-steps x 4 registers) so the S
+  // phase stops re-reading Q from shared memory (it was a third of the smem traffic).
+  constexpr bool kQInRegs = MT == 1;
+  constexpr int kChains = MT == 1 ? 2 : 1;
+  std::uint32_t q_frag[kQInRegs ? 36 : 1][4];
+  if constexpr (kQInRegs) {
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < 36; ++k)
+      ldmatrix_x4(q_frag[k], q_s + (lane % 16) * kRowElems + (lane / 16) * 8 + 16 * k);
+  }
 
   // Per-thread softmax state for its rows: m-tile m, half h -> row 16m + lane/4 + 8h.
   float row_max[MT][2], row_sum[MT][2];
@@ -239,31 +250,49 @@ __global__ void __launch_bounds__(decode::kThreads, 1) mla_decode_kernel(const D
         reinterpret_cast<const __nv_bfloat16*>(smem + S::kTile + (S::kTiles > 1 ? stage : 0) * S::kTileBytes);
 
     // ---- S = Q K^T for tokens [8 warp, 8 warp + 8) ----
-    float s_nope[MT][4], s_pe[MT][4];
+    // With one m-tile the two mma of a k-pair go to separate accumulators (summed below), so
+    // the chain of dependent mma is half as long; more m-tiles give independent chains anyway.
+    float s_nope[kChains][MT][4], s_pe[kChains][MT][4];
 #pragma unroll
-    for (int m = 0; m < MT; ++m)
+    for (int c = 0; c < kChains; ++c)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) s_nope[m][i] = s_pe[m][i] = 0.0f;
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s_nope[c][m][i] = s_pe[c][m][i] = 0.0f;
     const __nv_bfloat16* k_row = k_s + (8 * warp + lane % 8) * kRowElems + (lane / 8) * 8;
     // Two k-steps (32 dims) per ldmatrix.x4 of K; the nope and rope parts keep separate
     // accumulators so a per-tensor fp8 cache can scale them differently.
-    auto qk_steps = [&](float (&acc)[MT][4], int k) {
+    auto qk_steps = [&](float (&acc)[kChains][MT][4], int k) {
       std::uint32_t b[4];
       ldmatrix_x4(b, k_row + 16 * k);
 #pragma unroll
       for (int m = 0; m < MT; ++m) {
-        std::uint32_t a0[4], a1[4];
-        const __nv_bfloat16* q_row = q_s + (16 * m + lane % 16) * kRowElems + (lane / 16) * 8;
-        ldmatrix_x4(a0, q_row + 16 * k);
-        ldmatrix_x4(a1, q_row + 16 * (k + 1));
-        mma_bf16_16816(acc[m], a0, b[0], b[1]);
-        mma_bf16_16816(acc[m], a1, b[2], b[3]);
+        if constexpr (kQInRegs) {
+          mma_bf16_16816(acc[0][m], q_frag[k], b[0], b[1]);
+          mma_bf16_16816(acc[kChains - 1][m], q_frag[k + 1], b[2], b[3]);
+        } else {
+          std::uint32_t a0[4], a1[4];
+          const __nv_bfloat16* q_row = q_s + (16 * m + lane % 16) * kRowElems + (lane / 16) * 8;
+          ldmatrix_x4(a0, q_row + 16 * k);
+          ldmatrix_x4(a1, q_row + 16 * (k + 1));
+          mma_bf16_16816(acc[0][m], a0, b[0], b[1]);
+          mma_bf16_16816(acc[kChains - 1][m], a1, b[2], b[3]);
+        }
       }
     };
-#pragma unroll 4
+#pragma unroll
     for (int k = 0; k < 32; k += 2) qk_steps(s_nope, k);
 #pragma unroll
     for (int k = 32; k < 36; k += 2) qk_steps(s_pe, k);
+    if constexpr (kChains > 1) {
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          s_nope[0][m][i] += s_nope[1][m][i];
+          s_pe[0][m][i] += s_pe[1][m][i];
+        }
+    }
 
     // ---- scores, masks, block row max ----
     const int j0 = t.kv_begin + blk * kBlockN + tok0;
@@ -274,7 +303,7 @@ __global__ void __launch_bounds__(decode::kThreads, 1) mla_decode_kernel(const D
       for (int i = 0; i < 4; ++i) {
         const int h = i / 2, j = j0 + (i % 2);
         const bool ok = tok_ok[i % 2] && j <= row_limit[m][h];
-        s[m][i] = ok ? s_nope[m][i] * p.scale_nope + s_pe[m][i] * p.scale_pe : -INFINITY;
+        s[m][i] = ok ? s_nope[0][m][i] * p.scale_nope + s_pe[0][m][i] * p.scale_pe : -INFINITY;
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {

@@ -86,6 +86,18 @@ struct DeviceOutput {
   void* lse_data() const { return static_cast<float*>(lse.ptr) + guard; }
 };
 
+// Run arguments over device copies of a case's cache and q, and device outputs.
+RunArgs device_args(const test::RandomCase& c, const DeviceBuffer& cache, const DeviceBuffer& q,
+                    const DeviceOutput& d) {
+  RunArgs args;
+  args.q_nope = c.q_nope_view(q.ptr, DeviceKind::cuda);
+  args.q_pe = c.q_pe_view(q.ptr, DeviceKind::cuda);
+  args.kv = c.kv_view(cache.ptr, DeviceKind::cuda);
+  args.out = c.out_view(d.out_data(), DeviceKind::cuda);
+  args.lse = c.lse_view(d.lse_data(), DeviceKind::cuda);
+  return args;
+}
+
 // Compares a device result with the reference, and checks the guards stayed poisoned.
 void expect_matches(const DeviceOutput& d, test::HostOutput& ref, const std::string& what) {
   const auto out = d.out.to_host<std::uint16_t>();
@@ -117,12 +129,7 @@ void run_case(const test::ProblemSpec& spec, PlanOptions options = {}) {
   DeviceBuffer cache(c.cache), q(c.q);
   DeviceOutput d(c, 256);
   Plan p = plan(c.problem(DeviceKind::cuda), options);
-  RunArgs args;
-  args.q_nope = c.q_nope_view(q.ptr, DeviceKind::cuda);
-  args.q_pe = c.q_pe_view(q.ptr, DeviceKind::cuda);
-  args.kv = c.kv_view(cache.ptr, DeviceKind::cuda);
-  args.out = c.out_view(d.out_data(), DeviceKind::cuda);
-  args.lse = c.lse_view(d.lse_data(), DeviceKind::cuda);
+  RunArgs args = device_args(c, cache, q, d);
   run(p, args);
   detail::cuda_synchronize(0);
   expect_matches(d, ref, what);
@@ -274,12 +281,7 @@ TEST(CudaDecodeSparse, RunTimeIndicesOverrideThePlannedOnes) {
   DeviceBuffer cache(c.cache), q(c.q), d_idx(idx);
   DeviceOutput d(c, 64);
   Plan p = plan(c.problem(DeviceKind::cuda));
-  RunArgs args;
-  args.q_nope = c.q_nope_view(q.ptr, DeviceKind::cuda);
-  args.q_pe = c.q_pe_view(q.ptr, DeviceKind::cuda);
-  args.kv = c.kv_view(cache.ptr, DeviceKind::cuda);
-  args.out = c.out_view(d.out_data(), DeviceKind::cuda);
-  args.lse = c.lse_view(d.lse_data(), DeviceKind::cuda);
+  RunArgs args = device_args(c, cache, q, d);
   args.sparse_indices = c.sparse_view(d_idx.ptr, DeviceKind::cuda);
   run(p, args);
   detail::cuda_synchronize(0);
@@ -311,12 +313,7 @@ TEST(CudaGraph, CaptureReplanReplay) {
   // Fixed device buffers, as a serving engine keeps them: the pool and q of case 1.
   DeviceBuffer cache(c1.cache), q(c1.q);
   DeviceOutput d(c1, 0);
-  RunArgs args;
-  args.q_nope = c1.q_nope_view(q.ptr, DeviceKind::cuda);
-  args.q_pe = c1.q_pe_view(q.ptr, DeviceKind::cuda);
-  args.kv = c1.kv_view(cache.ptr, DeviceKind::cuda);
-  args.out = c1.out_view(d.out_data(), DeviceKind::cuda);
-  args.lse = c1.lse_view(d.lse_data(), DeviceKind::cuda);
+  RunArgs args = device_args(c1, cache, q, d);
 
   cudaStream_t stream;
   check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));

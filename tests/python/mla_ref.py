@@ -99,11 +99,11 @@ def encode_block_token(values):
     out = np.zeros((v.shape[0], 656), dtype=np.uint8)
     for t in range(v.shape[0]):
         for g in range(4):
-            x = v[t, g * 128 : (g + 1) * 128]
+            x = v[t, g * 128:(g + 1) * 128]
             amax = float(np.max(np.abs(x)))
             s = np.float32(2.0 ** math.ceil(math.log2(max(amax / 448.0, 1e-4))))
-            out[t, g * 128 : (g + 1) * 128] = e4m3_encode(x / s)
-            out[t, 512 + 4 * g : 512 + 4 * g + 4] = np.frombuffer(
+            out[t, g * 128:(g + 1) * 128] = e4m3_encode(x / s)
+            out[t, 512 + 4 * g:512 + 4 * g + 4] = np.frombuffer(
                 np.array([s], dtype="<f4").tobytes(), dtype=np.uint8
             )
         out[t, 528:656] = f32_to_bf16(v[t, 512:]).astype("<u2").view(np.uint8)
@@ -146,7 +146,7 @@ def attention(q, pool, qo_indptr, kv_indptr, kv_indices, kv_len, page_size, caus
         return o, lse
     batch = len(qo_indptr) - 1
     for r in range(batch):
-        pages = np.asarray(kv_indices[kv_indptr[r] : kv_indptr[r + 1]])
+        pages = np.asarray(kv_indices[kv_indptr[r]:kv_indptr[r + 1]])
         L = int(kv_len[r])
         toks = pool[pages].reshape(-1, DIM_QK)[:L]
         qo_len = int(qo_indptr[r + 1] - qo_indptr[r])

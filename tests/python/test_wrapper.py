@@ -218,3 +218,20 @@ def test_ml_dtypes_arrays_if_available(rng):
     ro, _ = ref.attention(q, pool, b.qo_indptr, b.kv_indptr, b.kv_indices, b.kv_len, 8, False,
                           np.float32(0.1))
     ref.check_attention(o.view(np.uint16), None, ro, None, "ml_dtypes")
+
+
+def test_failed_plan_keeps_the_last_plan(rng):
+    b = ref.Batch(rng, [25, 8], [1, 1], 4)
+    data, pool = ref.make_pool(rng, "fp8_e4m3", b.num_pages, 4)
+    q_bits, q = ref.random_q(rng, b.total_q, 2)
+    w = fp8mla.BatchMLAPagedAttentionWrapper(None, num_pages=b.num_pages)
+    flashinfer_plan(w, b, 2, False, 0.1, "bfloat16", "uint8")
+    bad = b.kv_len.copy()
+    bad[1] = 10**6
+    with pytest.raises(ValueError, match="kv_len"):
+        w.plan(b.qo_indptr, b.kv_indptr, b.kv_indices, bad, 2, 512, 64, 4, False, 0.1,
+               "bfloat16", "uint8")
+    o = w.run(q_bits[:, :, :512], q_bits[:, :, 512:], data[:, :, :512], data[:, :, 512:])
+    ro, _ = ref.attention(q, pool, b.qo_indptr, b.kv_indptr, b.kv_indices, b.kv_len, 4, False,
+                          np.float32(0.1))
+    ref.check_attention(o, None, ro, None, "after a failed plan")

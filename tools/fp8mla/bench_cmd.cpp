@@ -173,6 +173,7 @@ int run_cpu_bench(const BenchOptions& o) {
               "page", "fast us", "GB/s", "ref GB/s", "fast/ref", o.no_baselines ? "" : "g+c us",
               "rel L2");
   Progress progress("fp8mla bench", static_cast<std::int64_t>(cases.size()), !o.no_progress);
+  progress.update(0);
   bool ok = true;
   const double budget = o.quick ? 0.1 : 0.4;
   for (std::size_t i = 0; i < cases.size(); ++i) {

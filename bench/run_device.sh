@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# One device lease: GPU tests, sanitizers on a small grid, the full bench, the GPU demo.
+# Run from the repo root on the device machine with build-cuda/ carried; results go to $OUT.
+set -uo pipefail
+out=${OUT:-/tmp/fp8mla-out}
+mkdir -p "$out"
+export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
+t=build-cuda/tests/fp8mla_tests
+small='Grid/CudaDecodeGrid.MatchesReference/0:Grid/CudaDecodeGrid.MatchesReference/10:CudaDecodeSparse.RunTime*:CudaMerge*:CudaCache*'
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; $t --gtest_filter='*Cuda*' --gtest_brief=1; } \
+  > "$out/gpu_tests.txt" 2>&1
+echo "gpu tests rc=$?"; tail -4 "$out/gpu_tests.txt"
+{ echo "\$ compute-sanitizer --tool memcheck $t --gtest_filter='$small:CudaDecodeSplit*'"
+  compute-sanitizer --tool memcheck $t --gtest_filter="$small:CudaDecodeSplit*" --gtest_brief=1
+  echo "\$ compute-sanitizer --tool racecheck $t --gtest_filter='$small'"
+  compute-sanitizer --tool racecheck $t --gtest_filter="$small" --gtest_brief=1; } > "$out/sanitizer.txt" 2>&1
+grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$out/sanitizer.txt"
+build-cuda/tools/fp8mla/fp8mla bench ${BENCH_ARGS:-} --json "$out/bench.json" --no-progress > "$out/bench.txt" 2>&1
+echo "bench rc=$?"
+build-cuda/tools/fp8mla/fp8mla demo --device cuda --no-progress > "$out/demo_gpu.txt" 2>&1
+echo "demo rc=$?"; tail -12 "$out/demo_gpu.txt"
+grep -E "ceil|native" "$out/bench.txt" | head -60

@@ -1,0 +1,40 @@
+"""torch integration on the CPU backend (torch CPU tensors): the wrapper, SGLang's call
+sequence with torch.float8_e4m3fn pool views, the custom op (opcheck) and torch.compile.
+Skipped when torch is not installed (CI installs only numpy; the device session has torch)."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch_cases as cases  # noqa: E402
+
+DEVICE = "cpu"
+
+
+@pytest.mark.parametrize("fmt,page_size,heads,kv_lens,qo_lens,causal", [
+    ("fp8_e4m3", 1, 8, [30, 5], [1, 1], False),
+    ("bf16", 16, 16, [100, 17], [2, 1], True),
+    ("fp8_e4m3_block", 64, 4, [200], [4], True),
+])
+def test_wrapper_formats(rng, fmt, page_size, heads, kv_lens, qo_lens, causal):
+    cases.case_wrapper_formats(rng, DEVICE, fmt, page_size, heads, kv_lens, qo_lens, causal)
+
+
+def test_sglang_sequence(rng):
+    cases.case_sglang_sequence(rng, DEVICE)
+
+
+def test_custom_op_opcheck(rng):
+    cases.case_opcheck(rng, DEVICE)
+
+
+def test_torch_compile_fullgraph(rng):
+    cases.case_compile(rng, DEVICE, "aot_eager")
+
+
+def test_low_level(rng):
+    cases.case_low_level(rng, DEVICE)
+
+
+def test_cache(rng):
+    cases.case_cache(rng, DEVICE)
