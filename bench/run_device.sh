@@ -20,3 +20,11 @@ echo "bench rc=$?"
 build-cuda/tools/fp8mla/fp8mla demo --device cuda --no-progress > "$out/demo_gpu.txt" 2>&1
 echo "demo rc=$?"; tail -12 "$out/demo_gpu.txt"
 grep -E "ceil|native" "$out/bench.txt" | head -60
+# Where the time goes in the bandwidth-target case (hardware counters; clocks left alone).
+if [ -n "${NCU:-}" ]; then
+  ncu --clock-control none --kernel-name regex:mla_decode --launch-count 1 \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
+    build-cuda/tools/fp8mla/fp8mla bench --batch 128 --heads 16 --context 8192 --page-size 64 \
+    --format fp8_e4m3 --no-baselines --quick --no-progress > "$out/ncu.txt" 2>&1
+  echo "ncu rc=$?"; grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Stall|Warp Cycles" "$out/ncu.txt" | head -20
+fi

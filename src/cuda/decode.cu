@@ -15,14 +15,15 @@ namespace {
 
 constexpr int kMergeWarps = 8;
 constexpr int kMergeThreads = 256;
-constexpr int kMergeCols = 32;                  // output columns per block
-constexpr int kMergeQuads = kMergeCols / 4;     // threads across the columns (float4 each)
-constexpr int kMergeGroups = kMergeThreads / kMergeQuads;  // threads across the splits
 
-// Combines the split partials of one output row and 32 of its columns per block. Threads
+// Combines the split partials of one output row and kCols of its columns per block. Threads
 // spread over splits as well as columns, so a long request's many splits are read with many
-// loads in flight (one warp per row looping over 256 splits was latency bound: ~100 us).
+// loads in flight (one warp per row looping over 256 splits was latency bound: ~100 us). Few
+// splits take whole rows per block (kCols = 512): 16 blocks per row cost more than they save.
+template <int kCols>
 __global__ void __launch_bounds__(kMergeThreads) split_merge_kernel(const MergeParams p) {
+  constexpr int kMergeQuads = kCols / 4;                     // threads across the columns
+  constexpr int kMergeGroups = kMergeThreads / kMergeQuads;  // threads across the splits
   const int item = blockIdx.x;
   if (item >= *p.num_items) return;
   const MergeItem it = p.items[item];
@@ -43,7 +44,7 @@ __global__ void __launch_bounds__(kMergeThreads) split_merge_kernel(const MergeP
   mx = red[0];
   for (int w = 1; w < kMergeThreads / 32; ++w) mx = fmaxf(mx, red[w]);
 
-  const int col = blockIdx.y * kMergeCols + 4 * quad;
+  const int col = blockIdx.y * kCols + 4 * quad;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   float wsum = 0.0f;
   if (mx != -INFINITY) {
@@ -246,8 +247,12 @@ void cuda_run(PlanState& plan, const RunArgs& args) {
     m.lse = p.lse;
     m.lse_stride[0] = p.lse_stride[0];
     m.lse_stride[1] = p.lse_stride[1];
-    const dim3 grid(static_cast<unsigned>(merge_items), kDimCkv / kMergeCols);
-    split_merge_kernel<<<grid, kMergeThreads, 0, stream>>>(m);
+    if (b.graph || b.max_splits > 8) {
+      const dim3 grid(static_cast<unsigned>(merge_items), kDimCkv / 32);
+      split_merge_kernel<32><<<grid, kMergeThreads, 0, stream>>>(m);
+    } else {
+      split_merge_kernel<kDimCkv><<<static_cast<unsigned>(merge_items), kMergeThreads, 0, stream>>>(m);
+    }
     FP8MLA_CUDA_CHECK_LAUNCH("split_merge_kernel");
   }
 }

@@ -46,24 +46,31 @@ struct Smem {
   static constexpr int kPBytes = kRows * kPElems * 2;
   static constexpr int kRedBytes = 2 * kWarps * kRows * 4;
   static constexpr int kFlagBytes = 2 * kBlockN;  // per stage (at most 2)
+  // fp8 tiles of <= 16 rows load and dequantize straight from global memory into the bf16 tile
+  // (no raw staging): ~98 KB and <= 128 registers let two CTAs share an SM, so one CTA's loads
+  // overlap the other's math. v2 ran 1 CTA (8 warps) per SM and ncu showed it latency bound.
+  static constexpr bool kDirect = F != KvFormat::bf16 && MT == 1;
+  static constexpr int kMinBlocks = kDirect ? 2 : 1;
   static constexpr int fixed() { return kQBytes + kPBytes + kRedBytes + kFlagBytes; }
   static constexpr int bytes_for(int stages) {
     return F == KvFormat::bf16 ? fixed() + stages * kTileBytes
+           : kDirect           ? fixed() + kTileBytes
                                : fixed() + kTileBytes + stages * kRawBytes;
   }
   // Two stages when they fit in the 227 KB a CTA may use, else one.
-  static constexpr int kStages = bytes_for(2) <= 227 * 1024 ? 2 : 1;
+  static constexpr int kStages = !kDirect && bytes_for(2) <= 227 * 1024 ? 2 : 1;
   static constexpr int kBytes = bytes_for(kStages);
   static constexpr int kTiles = F == KvFormat::bf16 ? kStages : 1;
   // Offsets.
   static constexpr int kQ = 0;
   static constexpr int kTile = kQ + kQBytes;
   static constexpr int kRaw = kTile + kTiles * kTileBytes;
-  static constexpr int kP = kRaw + (F == KvFormat::bf16 ? 0 : kStages * kRawBytes);
+  static constexpr int kP = kRaw + (F == KvFormat::bf16 || kDirect ? 0 : kStages * kRawBytes);
   static constexpr int kRedMax = kP + kPBytes;
   static constexpr int kRedSum = kRedMax + kWarps * kRows * 4;
   static constexpr int kFlags = kRedSum + kWarps * kRows * 4;
   static_assert(kBytes <= 227 * 1024, "tile does not fit in shared memory");
+  static_assert(!kDirect || 2 * (kBytes + 1024) <= 228 * 1024, "two CTAs must fit an SM");
 };
 
 // Byte address of cache token j of the tile's sequence, or null when the slot is skipped.
@@ -118,6 +125,63 @@ __device__ __forceinline__ void load_block(const DecodeParams& p, const WorkTile
   }
 }
 
+// 16 e4m3 codes times a (power-of-two) scale -> 16 bf16 values at dst (exact).
+__device__ __forceinline__ void dequantize16(uint4 codes, float scale, std::uint8_t* dst) {
+  const std::uint32_t w[4] = {codes.x, codes.y, codes.z, codes.w};
+  std::uint32_t out[8];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 lo = fp8x2_to_float2(static_cast<std::uint16_t>(w[k] & 0xffff));
+    const float2 hi = fp8x2_to_float2(static_cast<std::uint16_t>(w[k] >> 16));
+    out[2 * k] = float2_to_bf16x2(lo.x * scale, lo.y * scale);
+    out[2 * k + 1] = float2_to_bf16x2(hi.x * scale, hi.y * scale);
+  }
+  uint4* d = reinterpret_cast<uint4*>(dst);
+  d[0] = make_uint4(out[0], out[1], out[2], out[3]);
+  d[1] = make_uint4(out[4], out[5], out[6], out[7]);
+}
+
+// kDirect: load block `blk` from global memory (all of a thread's loads in flight first) and
+// write it dequantized into the bf16 tile, with the token flags. 4 threads per token.
+template <KvFormat F, int MT>
+__device__ __forceinline__ void load_dequantize_block(const DecodeParams& p, const WorkTile& t,
+                                                      int q_token, std::uint8_t* smem, int blk) {
+  using S = Smem<F, MT>;
+  constexpr int kChunks = F == KvFormat::fp8_e4m3 ? 9 : 10;  // 36 or 40 chunks / 4 threads
+  const int tok = threadIdx.x / 4, sub = threadIdx.x % 4;
+  const int j = t.kv_begin + blk * kBlockN + tok;
+  TokenAddr a{nullptr, nullptr};
+  if (j < t.kv_end) a = token_addr(p, t, q_token, j);
+  const bool valid = a.ckv != nullptr;
+  if (sub == 0) smem[S::kFlags + tok] = valid ? 1 : 0;
+  uint4 v[kChunks];
+  float scale[kChunks];
+#pragma unroll
+  for (int i = 0; i < kChunks; ++i) {
+    const int c = sub + 4 * i;
+    v[i] = make_uint4(0, 0, 0, 0);
+    scale[i] = 1.0f;
+    if (valid) {
+      const std::uint8_t* src = c < 32                          ? a.ckv + 16 * c
+                                : F == KvFormat::fp8_e4m3 ? a.kpe + 16 * (c - 32)
+                                                          : a.ckv + 528 + 16 * (c - 32);
+      v[i] = __ldg(reinterpret_cast<const uint4*>(src));
+      if (F == KvFormat::fp8_e4m3_block && c < 32)
+        scale[i] = __ldg(reinterpret_cast<const float*>(a.ckv + 512) + c / 8);
+    }
+  }
+  std::uint8_t* row = smem + S::kTile + tok * kRowElems * 2;
+#pragma unroll
+  for (int i = 0; i < kChunks; ++i) {
+    const int c = sub + 4 * i;
+    if (F == KvFormat::fp8_e4m3_block && c >= 32) {
+      *reinterpret_cast<uint4*>(row + 2 * (512 + 8 * (c - 32))) = v[i];  // bf16 rope as is
+    } else {
+      dequantize16(v[i], scale[i], row + 2 * 16 * c);
+    }
+  }
+}
+
 // Dequantize the staged block into the bf16 tile.
 template <KvFormat F, int MT>
 __device__ __forceinline__ void dequantize_block(std::uint8_t* smem, int stage) {
@@ -135,30 +199,19 @@ __device__ __forceinline__ void dequantize_block(std::uint8_t* smem, int stage) 
       continue;
     }
     const std::uint8_t* src = raw + tok * raw_token_bytes(F) + 16 * c;
-    const uint4 codes = *reinterpret_cast<const uint4*>(src);
     float scale = 1.0f;
     if constexpr (F == KvFormat::fp8_e4m3_block) {
       scale = *reinterpret_cast<const float*>(raw + tok * 656 + 512 + 4 * (c / 8));
     }
-    const std::uint32_t w[4] = {codes.x, codes.y, codes.z, codes.w};
-    std::uint32_t out[8];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float2 lo = fp8x2_to_float2(static_cast<std::uint16_t>(w[k] & 0xffff));
-      const float2 hi = fp8x2_to_float2(static_cast<std::uint16_t>(w[k] >> 16));
-      out[2 * k] = float2_to_bf16x2(lo.x * scale, lo.y * scale);
-      out[2 * k + 1] = float2_to_bf16x2(hi.x * scale, hi.y * scale);
-    }
-    uint4* dst = reinterpret_cast<uint4*>(dst_row + 2 * 16 * c);
-    dst[0] = make_uint4(out[0], out[1], out[2], out[3]);
-    dst[1] = make_uint4(out[4], out[5], out[6], out[7]);
+    dequantize16(*reinterpret_cast<const uint4*>(src), scale, dst_row + 2 * 16 * c);
   }
 }
 
 }  // namespace decode
 
 template <KvFormat F, int MT>
-__global__ void __launch_bounds__(decode::kThreads, 1) mla_decode_kernel(const DecodeParams p) {
+__global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlocks)
+    mla_decode_kernel(const DecodeParams p) {
   using namespace decode;
   using S = Smem<F, MT>;
   constexpr int kRows = S::kRows;
@@ -176,8 +229,10 @@ __global__ void __launch_bounds__(decode::kThreads, 1) mla_decode_kernel(const D
   // Prologue: the first kStages blocks in flight, then Q into shared memory (bf16 rows).
 #pragma unroll
   for (int s = 0; s < kStages; ++s) {
-    if (s < n_blocks) load_block<F, MT>(p, t, q_first, smem, s, s);
-    cp_async_commit();
+    if constexpr (!S::kDirect) {
+      if (s < n_blocks) load_block<F, MT>(p, t, q_first, smem, s, s);
+      cp_async_commit();
+    }
   }
   __nv_bfloat16* q_s = reinterpret_cast<__nv_bfloat16*>(smem + S::kQ);
   for (int i = threadIdx.x; i < kRows * 72; i += kThreads) {
@@ -194,7 +249,7 @@ __global__ void __launch_bounds__(decode::kThreads, 1) mla_decode_kernel(const D
   }
   // One m-tile: each warp keeps all of Q's A fragments (36 k-steps x 4 registers) so the S
   // phase stops re-reading Q from shared memory (it was a third of the smem traffic).
-  constexpr bool kQInRegs = MT == 1;
+  constexpr bool kQInRegs = MT == 1 && !S::kDirect;  // kDirect needs <= 128 registers
   constexpr int kChains = MT == 1 ? 2 : 1;
   std::uint32_t q_frag[kQInRegs ? 36 : 1][4];
   if constexpr (kQInRegs) {
@@ -233,13 +288,17 @@ __global__ void __launch_bounds__(decode::kThreads, 1) mla_decode_kernel(const D
 
   for (int blk = 0; blk < n_blocks; ++blk) {
     const int stage = blk % kStages;
-    cp_async_wait<kStages - 1>();
+    if constexpr (S::kDirect) {
+      load_dequantize_block<F, MT>(p, t, q_first, smem, blk);  // the tile is free (see below)
+    } else {
+      cp_async_wait<kStages - 1>();
+    }
     __syncthreads();
     // Read this block's token flags before a refill of the stage overwrites them.
     const int tok0 = 8 * warp + 2 * (lane % 4);
     const std::uint8_t* flags = smem + S::kFlags + stage * kBlockN;
     const bool tok_ok[2] = {flags[tok0] != 0, flags[tok0 + 1] != 0};
-    if constexpr (F != KvFormat::bf16) {
+    if constexpr (F != KvFormat::bf16 && !S::kDirect) {
       dequantize_block<F, MT>(smem, stage);
       __syncthreads();
       // The raw stage is free again: refill it with the block kStages ahead.
@@ -280,8 +339,13 @@ __global__ void __launch_bounds__(decode::kThreads, 1) mla_decode_kernel(const D
         }
       }
     };
-#pragma unroll
-    for (int k = 0; k < 32; k += 2) qk_steps(s_nope, k);
+    if constexpr (kQInRegs) {
+#pragma unroll  // register fragments need compile-time indices
+      for (int k = 0; k < 32; k += 2) qk_steps(s_nope, k);
+    } else {
+#pragma unroll 4  // full unrolling with 2-4 m-tiles cost 45% at 128 heads (v2 bench)
+      for (int k = 0; k < 32; k += 2) qk_steps(s_nope, k);
+    }
 #pragma unroll
     for (int k = 32; k < 36; k += 2) qk_steps(s_pe, k);
     if constexpr (kChains > 1) {

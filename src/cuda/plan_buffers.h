@@ -16,6 +16,7 @@ struct CudaPlanBuffers {
   int row_tiles = 1;  // 16-row m-tiles of the kernel instantiation (1, 2 or 4)
   // Live sizes (host copies of counts[0], counts[1]).
   std::int32_t num_tiles = 0, num_merge = 0;
+  std::int32_t max_splits = 1;  // most splits of any request (picks the merge layout)
 
   WorkTile* tiles = nullptr;            // [cap_tiles]
   std::int32_t* counts = nullptr;       // [2]: num_tiles, num_merge items

@@ -163,6 +163,9 @@ void cuda_upload_plan(PlanState& plan) {
   upload(b.merge, merge, b.cap_merge, "merge rows");
   b.num_tiles = static_cast<std::int32_t>(plan.tiles.size());
   b.num_merge = static_cast<std::int32_t>(merge.size());
+  b.max_splits = plan.num_splits.empty()
+                     ? 1
+                     : *std::max_element(plan.num_splits.begin(), plan.num_splits.end());
   const std::vector<std::int32_t> counts = {b.num_tiles, b.num_merge};
   upload(b.counts, counts, 2, "counts");
 }

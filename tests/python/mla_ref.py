@@ -241,9 +241,26 @@ def assert_close(got, ref, rtol, atol, what):
 # bf16 output: half an ulp is at most 2^-8 relative; fp32 accumulation adds little on these sizes.
 OUT_RTOL, OUT_ATOL = 8e-3, 2e-3
 LSE_RTOL, LSE_ATOL = 2e-5, 2e-4
+# The CUDA kernels multiply P (and merge partial states) in bf16 on tensor cores, as FlashInfer
+# and FlashMLA do: the output error scales with the largest |V| (measured on an H200: up to
+# 2.3e-3 * max|V|; FlashInfer's own FP8 test allows 1.5e-2 on values of order 1). These suites
+# test the integration; the kernels' own accuracy is judged by tests/cuda.
+GPU_OUT_RTOL, GPU_OUT_ATOL_PER_V = 2e-2, 6e-3
+GPU_LSE_RTOL, GPU_LSE_ATOL = 1e-4, 4e-3
 
 
-def check_attention(out_bits, lse, ref_o, ref_lse, what):
-    assert_close(bf16_to_f64(out_bits), ref_o, OUT_RTOL, OUT_ATOL, f"{what} out")
+def tolerances(device, pool):
+    """(out_rtol, out_atol, lse_rtol, lse_atol) for results computed on ``device`` ("cpu" or
+    "cuda", or a torch.device) over the decoded cache ``pool`` [..., 576]."""
+    if str(device).startswith("cuda"):
+        vmax = float(np.max(np.abs(pool[..., :DIM_CKV]))) if pool is not None else 1.0
+        return GPU_OUT_RTOL, GPU_OUT_ATOL_PER_V * max(vmax, 1.0), GPU_LSE_RTOL, GPU_LSE_ATOL
+    return OUT_RTOL, OUT_ATOL, LSE_RTOL, LSE_ATOL
+
+
+def check_attention(out_bits, lse, ref_o, ref_lse, what, device="cpu", pool=None):
+    """Output (bf16 bits) and LSE against the reference, with ``device``'s tolerances."""
+    out_rtol, out_atol, lse_rtol, lse_atol = tolerances(device, pool)
+    assert_close(bf16_to_f64(out_bits), ref_o, out_rtol, out_atol, f"{what} out")
     if lse is not None:
-        assert_close(lse, ref_lse, LSE_RTOL, LSE_ATOL, f"{what} lse")
+        assert_close(lse, ref_lse, lse_rtol, lse_atol, f"{what} lse")
