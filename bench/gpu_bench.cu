@@ -2,6 +2,7 @@
 // >= 2 GB, bf16 matmul through cuBLAS when it can be loaded), then the decode grid. Every timed
 // call of a case reads its own region of a pool far larger than L2 (a CUDA graph replays one
 // run() per region), so the figures are HBM figures.
+#include <cublas_v2.h>
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -12,8 +13,6 @@
 #include <random>
 #include <string>
 #include <vector>
-
-#include <cublas_v2.h>
 
 #include "bench/baselines/baselines_cuda.h"
 #include "bench/gpu_bench.h"
@@ -100,7 +99,8 @@ __device__ std::uint32_t hash32(std::uint64_t x) {
 
 // Random but well-formed tokens: fp8 codes of magnitude 2^-4..2^3 (no NaN), bf16 values in
 // (-2, 2), block scales 2^-2..2^1.
-__global__ void fill_kernel(std::uint8_t* pool, std::int64_t tokens, int format, std::uint64_t seed) {
+__global__ void fill_kernel(std::uint8_t* pool, std::int64_t tokens, int format,
+                            std::uint64_t seed) {
   const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int tb = format == 0 ? 1152 : format == 1 ? 576 : 656;
   if (i >= tokens * tb / 4) return;
@@ -136,23 +136,32 @@ Ceilings measure_ceilings(cudaStream_t s, std::uint8_t* big, std::size_t big_byt
   FP8MLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   // A copy kernel, not cudaMemcpyAsync: captured in a graph, the latter may run on a copy
   // engine, which is slower than the SMs and not what a kernel can reach.
-  c.copy_gbs = 2.0 * half / (time_captured(s, 1, 10, [&] {
-                 copy_kernel<<<sms * 8, 512, 0, s>>>(reinterpret_cast<const uint4*>(big),
-                                                     reinterpret_cast<uint4*>(big + half), half / 16);
-               }) * 1e3);
+  c.copy_gbs = 2.0 * half /
+               (time_captured(s, 1, 10,
+                              [&] {
+                                copy_kernel<<<sms * 8, 512, 0, s>>>(
+                                    reinterpret_cast<const uint4*>(big),
+                                    reinterpret_cast<uint4*>(big + half), half / 16);
+                              }) *
+                1e3);
   std::uint32_t* sink = reinterpret_cast<std::uint32_t*>(big + big_bytes - 64);
   const std::size_t n = (std::size_t{8} << 30) / 16 < (big_bytes - 64) / 16
-                            ? (std::size_t{8} << 30) / 16 : (big_bytes - 64) / 16;
-  c.read_gbs = 16.0 * n / (time_captured(s, 1, 10, [&] {
-                             read_kernel<<<sms * 8, 512, 0, s>>>(
-                                 reinterpret_cast<const uint4*>(big), n, sink);
-                           }) * 1e3);
+                            ? (std::size_t{8} << 30) / 16
+                            : (big_bytes - 64) / 16;
+  c.read_gbs = 16.0 * n /
+               (time_captured(s, 1, 10,
+                              [&] {
+                                read_kernel<<<sms * 8, 512, 0, s>>>(
+                                    reinterpret_cast<const uint4*>(big), n, sink);
+                              }) *
+                1e3);
   // bf16 matmul ceiling through cuBLAS, loaded at run time (absent: not measured).
   void* lib = dlopen("libcublas.so.13", RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) lib = dlopen("libcublas.so", RTLD_NOW | RTLD_LOCAL);
   if (lib != nullptr) {
     auto create = reinterpret_cast<decltype(&cublasCreate_v2)>(dlsym(lib, "cublasCreate_v2"));
-    auto set_stream = reinterpret_cast<decltype(&cublasSetStream_v2)>(dlsym(lib, "cublasSetStream_v2"));
+    auto set_stream =
+        reinterpret_cast<decltype(&cublasSetStream_v2)>(dlsym(lib, "cublasSetStream_v2"));
     using GemmEx = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int,
                                       int, int, const void*, const void*, cudaDataType, int,
                                       const void*, cudaDataType, int, const void*, void*,
@@ -180,8 +189,6 @@ Ceilings measure_ceilings(cudaStream_t s, std::uint8_t* big, std::size_t big_byt
   return c;
 }
 
-const char* strategy_label(const std::string& s) { return s.c_str(); }
-
 // One (batch, heads, context, page size, format) case: native, and for fp8 the two baselines.
 struct CaseRunner {
   cudaStream_t s;
@@ -198,13 +205,15 @@ struct CaseRunner {
     v.format = f;
     const std::int64_t tb = token_bytes(f);
     if (f == KvFormat::fp8_e4m3_block) {
-      v.ckv = make_strided_view(base, DType::u8, {pages, ps, tb}, {ps * tb, tb, 1}, DeviceKind::cuda);
+      v.ckv =
+          make_strided_view(base, DType::u8, {pages, ps, tb}, {ps * tb, tb, 1}, DeviceKind::cuda);
       return v;
     }
     const DType dt = f == KvFormat::bf16 ? DType::bf16 : DType::fp8_e4m3;
     const std::int64_t e = f == KvFormat::bf16 ? 2 : 1, t = tb / e;
     v.ckv = make_strided_view(base, dt, {pages, ps, 512}, {ps * t, t, 1}, DeviceKind::cuda);
-    v.kpe = make_strided_view(base + 512 * e, dt, {pages, ps, 64}, {ps * t, t, 1}, DeviceKind::cuda);
+    v.kpe =
+        make_strided_view(base + 512 * e, dt, {pages, ps, 64}, {ps * t, t, 1}, DeviceKind::cuda);
     return v;
   }
 
@@ -251,12 +260,16 @@ struct CaseRunner {
     auto* out_ref = out - o_elems;
     auto* lse = reinterpret_cast<float*>(out_ref) - static_cast<std::int64_t>(bs) * heads - 64;
     std::uint8_t* bf16_area = scratch;
-    const std::size_t bf16_bytes = static_cast<std::size_t>(reinterpret_cast<std::uint8_t*>(lse) - scratch) & ~std::size_t{255};
+    const std::size_t bf16_bytes =
+        static_cast<std::size_t>(reinterpret_cast<std::uint8_t*>(lse) - scratch) &
+        ~std::size_t{255};
     fill_bf16<<<static_cast<unsigned>((q_elems + 255) / 256), 256, 0, s>>>(q, q_elems, 3);
     FP8MLA_CUDA_CHECK_LAUNCH("fill_bf16");
     RunArgs args;
-    args.q_nope = make_strided_view(q, DType::bf16, {bs, heads, 512}, {heads * 576, 576, 1}, DeviceKind::cuda);
-    args.q_pe = make_strided_view(q + 512, DType::bf16, {bs, heads, 64}, {heads * 576, 576, 1}, DeviceKind::cuda);
+    args.q_nope = make_strided_view(q, DType::bf16, {bs, heads, 512}, {heads * 576, 576, 1},
+                                    DeviceKind::cuda);
+    args.q_pe = make_strided_view(q + 512, DType::bf16, {bs, heads, 64}, {heads * 576, 576, 1},
+                                  DeviceKind::cuda);
     args.out = make_view(out, DType::bf16, {bs, heads, 512}, DeviceKind::cuda);
     args.lse = make_view(lse, DType::f32, {bs, heads}, DeviceKind::cuda);
     args.kv = view(pool, f, pool_pages, ps);
@@ -282,8 +295,8 @@ struct CaseRunner {
 
     // Baselines on region 0: (1) cast a story-sized pool (>= 495,040 tokens and >= the active
     // pages) to bf16, then bf16 attention; (2) gather the active pages, cast, bf16 attention.
-    const std::int64_t cast_pages =
-        std::min<std::int64_t>(pool_pages, std::max<std::int64_t>(per_call, (495040 + ps - 1) / ps));
+    const std::int64_t cast_pages = std::min<std::int64_t>(
+        pool_pages, std::max<std::int64_t>(per_call, (495040 + ps - 1) / ps));
     if (static_cast<std::size_t>(cast_pages * ps * 1152) > bf16_bytes) return results;
     KvCacheView src = view(pool, f, cast_pages, ps);
     KvCacheView dst = view(bf16_area, KvFormat::bf16, cast_pages, ps);
@@ -303,7 +316,8 @@ struct CaseRunner {
     KvCacheView gdst = view(bf16_area, KvFormat::bf16, per_call, ps);
     bargs.kv = gdst;
     record("gather_cast", time_captured(s, 1, reps, [&] {
-             baselines::cuda_gather_cast_to_bf16(view(pool, f, pool_pages, ps), d_pages, per_call, gdst, s);
+             baselines::cuda_gather_cast_to_bf16(view(pool, f, pool_pages, ps), d_pages, per_call,
+                                                 gdst, s);
              fp8mla::run(gather_plan, bargs);
            }));
     detail::cuda_free(d_pages);
@@ -328,20 +342,23 @@ struct CaseRunner {
 void write_json(const std::string& path, const Ceilings& c, const std::vector<CaseResult>& rs) {
   std::ofstream f(path);
   if (!f) throw Error(ErrorCode::invalid_argument, "--json", "cannot write " + path);
-  f << "{\n  \"device\": \"" << [] {
-    cudaDeviceProp p{};
-    (void)cudaGetDeviceProperties(&p, 0);
-    return std::string(p.name);
-  }() << "\",\n";
+  f << "{\n  \"device\": \"" <<
+      [] {
+        cudaDeviceProp p{};
+        (void)cudaGetDeviceProperties(&p, 0);
+        return std::string(p.name);
+      }()
+    << "\",\n";
   f << "  \"ceilings\": {\"copy_gbs\": " << c.copy_gbs << ", \"read_gbs\": " << c.read_gbs
     << ", \"matmul_bf16_tfs\": " << c.matmul_tfs << "},\n  \"cases\": [\n";
   for (std::size_t i = 0; i < rs.size(); ++i) {
     const CaseResult& r = rs[i];
-    f << "    {\"batch\": " << r.batch << ", \"heads\": " << r.heads << ", \"context\": " << r.context
-      << ", \"page_size\": " << r.page_size << ", \"format\": \"" << format_name(r.format)
-      << "\", \"strategy\": \"" << r.strategy << "\", \"us\": " << r.us << ", \"gbs\": " << r.gbs
-      << ", \"read_pct\": " << r.read_pct << ", \"tfs\": " << r.tfs << ", \"matmul_pct\": " << r.mm_pct
-      << ", \"check_rel_l2\": " << r.check << "}" << (i + 1 < rs.size() ? "," : "") << "\n";
+    f << "    {\"batch\": " << r.batch << ", \"heads\": " << r.heads
+      << ", \"context\": " << r.context << ", \"page_size\": " << r.page_size << ", \"format\": \""
+      << format_name(r.format) << "\", \"strategy\": \"" << r.strategy << "\", \"us\": " << r.us
+      << ", \"gbs\": " << r.gbs << ", \"read_pct\": " << r.read_pct << ", \"tfs\": " << r.tfs
+      << ", \"matmul_pct\": " << r.mm_pct << ", \"check_rel_l2\": " << r.check << "}"
+      << (i + 1 < rs.size() ? "," : "") << "\n";
   }
   f << "  ]\n}\n";
 }
@@ -366,10 +383,11 @@ int run_gpu_bench(const GpuBenchOptions& o) {
   auto* scratch = static_cast<std::uint8_t*>(detail::cuda_malloc(scratch_bytes, 0));
 
   const Ceilings ceil = measure_ceilings(s, pool, pool_bytes);
-  std::printf("ceilings: device copy %.0f GB/s (read+write), streaming read %.0f GB/s, bf16 matmul %s\n",
-              ceil.copy_gbs, ceil.read_gbs,
-              ceil.matmul_tfs > 0 ? msg(static_cast<int>(ceil.matmul_tfs), " TF/s").c_str()
-                                  : "not measured (libcublas not found)");
+  std::printf(
+      "ceilings: device copy %.0f GB/s (read+write), streaming read %.0f GB/s, bf16 matmul %s\n",
+      ceil.copy_gbs, ceil.read_gbs,
+      ceil.matmul_tfs > 0 ? msg(static_cast<int>(ceil.matmul_tfs), " TF/s").c_str()
+                          : "not measured (libcublas not found)");
 
   struct Shape {
     int bs, heads, ctx;
@@ -379,7 +397,8 @@ int run_gpu_bench(const GpuBenchOptions& o) {
   if (!o.batches.empty() || !o.contexts.empty()) {
     for (int b : o.batches.empty() ? std::vector<int>{1, 16, 64, 128} : o.batches)
       for (int h : heads)
-        for (int c : o.contexts.empty() ? std::vector<int>{4096} : o.contexts) shapes.push_back({b, h, c});
+        for (int c : o.contexts.empty() ? std::vector<int>{4096} : o.contexts)
+          shapes.push_back({b, h, c});
   } else {
     for (int h : heads) {
       for (int c : o.quick ? std::vector<int>{4096, 131072} : std::vector<int>{4096, 32768, 131072})
@@ -421,8 +440,8 @@ int run_gpu_bench(const GpuBenchOptions& o) {
   for (const CaseResult& r : all) {
     std::printf("%-4d %-5d %-7d %-4d %-9s %-12s %9.1f %8.0f %6.1f%% %8.1f %6.1f%% %9s\n", r.batch,
                 r.heads, r.context, r.page_size,
-                r.format == KvFormat::fp8_e4m3 ? "fp8" : format_name(r.format),
-                strategy_label(r.strategy), r.us, r.gbs, r.read_pct, r.tfs, r.mm_pct,
+                r.format == KvFormat::fp8_e4m3 ? "fp8" : format_name(r.format), r.strategy.c_str(),
+                r.us, r.gbs, r.read_pct, r.tfs, r.mm_pct,
                 r.check < 0 ? "-" : msg(r.check).substr(0, 8).c_str());
   }
   if (!o.json_path.empty()) write_json(o.json_path, ceil, all);

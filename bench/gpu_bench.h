@@ -9,15 +9,15 @@
 namespace fp8mla::bench {
 
 struct GpuBenchOptions {
-  bool quick = false;              // ~1 minute: fewer cases and repetitions
-  std::vector<int> batches;        // empty = the ANCHORS.md grid
+  bool quick = false;        // ~1 minute: fewer cases and repetitions
+  std::vector<int> batches;  // empty = the ANCHORS.md grid
   std::vector<int> heads;
   std::vector<int> contexts;
-  std::vector<int> page_sizes;     // empty = {64, 1}
-  std::vector<KvFormat> formats;   // empty = {fp8_e4m3, bf16}
-  bool baselines = true;           // also time cast-whole-pool and gather-then-cast
-  std::string json_path;           // write results here when not empty
-  bool progress = true;            // progress on stderr
+  std::vector<int> page_sizes;    // empty = {64, 1}
+  std::vector<KvFormat> formats;  // empty = {fp8_e4m3, bf16}
+  bool baselines = true;          // also time cast-whole-pool and gather-then-cast
+  std::string json_path;          // write results here when not empty
+  bool progress = true;           // progress on stderr
 };
 
 // Runs the benchmark and prints a table. Returns 0, or throws fp8mla::Error (unsupported

@@ -35,8 +35,8 @@ __global__ void cast_kernel(const CastParams p) {
   const std::uint8_t* tok_ckv = p.ckv + spage * p.ckv_page + off * p.ckv_tok;
   float v[8];
   if (p.format == KvFormat::bf16) {
-    const std::uint8_t* src = rope ? p.kpe + spage * p.kpe_page + off * p.kpe_tok + 16 * (g - 64)
-                                   : tok_ckv + 16 * g;
+    const std::uint8_t* src =
+        rope ? p.kpe + spage * p.kpe_page + off * p.kpe_tok + 16 * (g - 64) : tok_ckv + 16 * g;
     *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
     return;
   }
@@ -47,7 +47,8 @@ __global__ void cast_kernel(const CastParams p) {
   const std::uint8_t* src =
       rope ? p.kpe + spage * p.kpe_page + off * p.kpe_tok + 8 * (g - 64) : tok_ckv + 8 * g;
   float scale = rope ? p.kpe_scale : p.ckv_scale;
-  if (p.format == KvFormat::fp8_e4m3_block) scale = reinterpret_cast<const float*>(tok_ckv + 512)[g / 16];
+  if (p.format == KvFormat::fp8_e4m3_block)
+    scale = reinterpret_cast<const float*>(tok_ckv + 512)[g / 16];
   const uint2 codes = *reinterpret_cast<const uint2*>(src);
   const std::uint32_t w[2] = {codes.x, codes.y};
   for (int k = 0; k < 2; ++k) {

@@ -33,8 +33,8 @@ inline constexpr int kMaxPageSize = 128;
 
 // The batch to plan. Spans are read during plan() only (plan copies what it keeps).
 struct Problem {
-  int num_heads = 0;         // H, 1..128 (heads on this GPU after tensor parallelism)
-  int page_size = 1;         // power of two, 1..128
+  int num_heads = 0;           // H, 1..128 (heads on this GPU after tensor parallelism)
+  int page_size = 1;           // power of two, 1..128
   std::int64_t num_pages = 0;  // pages in the pool (bound for kv_indices)
   KvFormat kv_format = KvFormat::fp8_e4m3;
   DType q_dtype = DType::bf16;    // bf16 only
@@ -62,10 +62,10 @@ struct PlanOptions {
   // number of threads. The partition depends only on the Problem and these options, so equal
   // inputs give equal plans on any machine.
   int sm_count = 0;
-  int ctas_per_sm = 2;           // tiles the planner aims to keep in flight per unit
-  int min_chunk_tokens = 256;    // never split a request's context finer than this
-  int num_threads = 0;           // CPU backend threads; 0 = std::thread::hardware_concurrency()
-  bool cpu_reference = false;    // CPU: run the float64 reference instead of the fast path
+  int ctas_per_sm = 2;         // tiles the planner aims to keep in flight per unit
+  int min_chunk_tokens = 256;  // never split a request's context finer than this
+  int num_threads = 0;         // CPU backend threads; 0 = std::thread::hardware_concurrency()
+  bool cpu_reference = false;  // CPU: run the float64 reference instead of the fast path
   // CUDA graphs: device buffers get fixed capacities (max_* below, all > 0), so replan() can
   // rewrite them in place and a captured run() stays valid.
   bool cuda_graph = false;

@@ -17,8 +17,9 @@
 namespace fp8mla {
 
 // How attention sees a paged cache. Shapes (strides are free, innermost stride must be 1):
-//   bf16:           ckv bf16     [num_pages, page_size, 512], kpe bf16     [num_pages, page_size, 64]
-//   fp8_e4m3:       ckv fp8_e4m3 [num_pages, page_size, 512], kpe fp8_e4m3 [num_pages, page_size, 64]
+//   bf16:           ckv bf16     [num_pages, page_size, 512], kpe bf16     [num_pages, page_size,
+//   64] fp8_e4m3:       ckv fp8_e4m3 [num_pages, page_size, 512], kpe fp8_e4m3 [num_pages,
+//   page_size, 64]
 //                   (u8 is accepted for fp8_e4m3 data: many frameworks store FP8 as bytes)
 //   fp8_e4m3_block: ckv u8       [num_pages, page_size, 656] (the whole token); kpe undefined
 // ckv_scale / kpe_scale: real = code * scale, fp8_e4m3 only (SGLang's pool is unscaled: 1.0).

@@ -5,9 +5,11 @@
 //
 //   KvFormat          bytes/token  per-token layout                                   scale
 //   bf16                   1152    512 bf16 ckv | 64 bf16 kpe                          none
-//   fp8_e4m3                576    512 e4m3 ckv | 64 e4m3 kpe                          one float per
-//                                                                                      cache (real =
-//                                                                                      code * scale)
+//   fp8_e4m3                576    512 e4m3 ckv | 64 e4m3 kpe                          one float
+//   per
+//                                                                                      cache (real
+//                                                                                      = code *
+//                                                                                      scale)
 //   fp8_e4m3_block          656    512 e4m3 ckv | 4 float32 scales (one per 128 ckv   per token and
 //                                  values, little endian) | 64 bf16 kpe               128 values
 //
@@ -36,7 +38,7 @@ constexpr std::int64_t token_bytes(KvFormat f) {
   return f == KvFormat::bf16 ? 2 * kDimQk : f == KvFormat::fp8_e4m3 ? kDimQk : 656;
 }
 // Byte offsets inside a token of the block format.
-inline constexpr std::int64_t kBlockScaleOffset = kDimCkv;                     // 512
+inline constexpr std::int64_t kBlockScaleOffset = kDimCkv;                    // 512
 inline constexpr std::int64_t kBlockRopeOffset = kDimCkv + 4 * kBlockScales;  // 528
 
 // "bf16", "fp8_e4m3", "fp8_e4m3_block".

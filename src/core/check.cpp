@@ -22,8 +22,8 @@ void check_tensor(const TensorView& t, const std::string& name, std::initializer
     ++i;
   }
   require(t.ndim == 0 || t.shape[t.ndim - 1] <= 1 || t.stride[t.ndim - 1] == 1,
-          msg(name, ".stride[", t.ndim - 1, "]"), "the innermost dimension must be contiguous, got ",
-          t.stride[t.ndim - 1]);
+          msg(name, ".stride[", t.ndim - 1, "]"),
+          "the innermost dimension must be contiguous, got ", t.stride[t.ndim - 1]);
   require(t.device == device && (device == DeviceKind::cpu || t.device_id == device_id),
           name + ".device", "expected ", device_name(device), ":", device_id, ", got ",
           device_name(t.device), ":", t.device_id);

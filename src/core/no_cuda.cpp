@@ -11,22 +11,40 @@ namespace {
 }  // namespace
 
 void destroy_cuda_buffers(CudaPlanBuffers*) noexcept {}
-bool cuda_built() noexcept { return false; }
-int cuda_device_count() noexcept { return 0; }
-int cuda_sm_count(int) { no_cuda("device"); }
-void* cuda_malloc(std::size_t, int) { no_cuda("device"); }
+bool cuda_built() noexcept {
+  return false;
+}
+int cuda_device_count() noexcept {
+  return 0;
+}
+int cuda_sm_count(int) {
+  no_cuda("device");
+}
+void* cuda_malloc(std::size_t, int) {
+  no_cuda("device");
+}
 void cuda_free(void*) noexcept {}
-void cuda_copy_to_host(void*, const void*, std::size_t) { no_cuda("device"); }
-void cuda_copy_to_device(void*, const void*, std::size_t) { no_cuda("device"); }
-void cuda_synchronize(int) { no_cuda("device"); }
-void cuda_upload_plan(PlanState&) { no_cuda("problem.device"); }
-void cuda_run(PlanState&, const RunArgs&) { no_cuda("plan.device"); }
-void cuda_merge_states(const TensorView&, const TensorView&, const TensorView&,
-                       const TensorView&, void*) {
+void cuda_copy_to_host(void*, const void*, std::size_t) {
+  no_cuda("device");
+}
+void cuda_copy_to_device(void*, const void*, std::size_t) {
+  no_cuda("device");
+}
+void cuda_synchronize(int) {
+  no_cuda("device");
+}
+void cuda_upload_plan(PlanState&) {
+  no_cuda("problem.device");
+}
+void cuda_run(PlanState&, const RunArgs&) {
+  no_cuda("plan.device");
+}
+void cuda_merge_states(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                       void*) {
   no_cuda("v.device");
 }
-void cuda_append(const CacheConfig&, void*, const TensorView&, const TensorView&,
-                 const TensorView&, void*) {
+void cuda_append(const CacheConfig&, void*, const TensorView&, const TensorView&, const TensorView&,
+                 void*) {
   no_cuda("config.device");
 }
 

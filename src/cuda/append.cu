@@ -12,7 +12,8 @@ constexpr int kWarpsPerBlock = 8;
 // Same rules as float_to_fp8_e4m3: RNE, saturate beyond 448 (and inf), NaN -> 0x7f | sign.
 __device__ __forceinline__ std::uint8_t encode_e4m3(float x) {
   const std::uint32_t bits = __float_as_uint(x);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint8_t>(0x7f | ((bits >> 24) & 0x80));
+  if ((bits & 0x7fffffffu) > 0x7f800000u)
+    return static_cast<std::uint8_t>(0x7f | ((bits >> 24) & 0x80));
   return static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
 }
 
@@ -62,7 +63,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
       if (a > amax) amax = a;
     }
 #pragma unroll
-    for (int off = 1; off < 8; off *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    for (int off = 1; off < 8; off *= 2)
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
     float v = __fdiv_rn(amax, kFp8Max);
     if (!(v >= 1e-4f)) v = 1e-4f;
     s = isinf(v) ? __uint_as_float(254u << 23) : pow2_ceil(v);
@@ -76,7 +78,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     for (int b = 0; b < 4; ++b)
       packed[k] |= static_cast<std::uint32_t>(encode_e4m3(__fdiv_rn(x[4 * k + b], s))) << (8 * b);
   }
-  *reinterpret_cast<uint4*>(tok + 16 * lane) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  *reinterpret_cast<uint4*>(tok + 16 * lane) =
+      make_uint4(packed[0], packed[1], packed[2], packed[3]);
   if (format == KvFormat::fp8_e4m3) {
     tok[512 + 2 * lane] = encode_e4m3(__fdiv_rn(r[0], scale));
     tok[512 + 2 * lane + 1] = encode_e4m3(__fdiv_rn(r[1], scale));
@@ -100,8 +103,8 @@ void cuda_append(const CacheConfig& config, void* storage, const TensorView& slo
   auto* s = static_cast<const std::int32_t*>(slots.data);
   const auto st = static_cast<cudaStream_t>(stream);
   const auto launch = [&](auto* c, auto* k) {
-    append_kernel<<<blocks, 32 * kWarpsPerBlock, 0, st>>>(config.format, config.scale, dst, pool,
-                                                          s, n, c, ckv.stride[0], k, kpe.stride[0]);
+    append_kernel<<<blocks, 32 * kWarpsPerBlock, 0, st>>>(config.format, config.scale, dst, pool, s,
+                                                          n, c, ckv.stride[0], k, kpe.stride[0]);
     FP8MLA_CUDA_CHECK_LAUNCH("append_kernel");
   };
   switch (ckv.dtype) {
@@ -109,7 +112,8 @@ void cuda_append(const CacheConfig& config, void* storage, const TensorView& slo
       launch(static_cast<const float*>(ckv.data), static_cast<const float*>(kpe.data));
       break;
     case DType::bf16:
-      launch(static_cast<const __nv_bfloat16*>(ckv.data), static_cast<const __nv_bfloat16*>(kpe.data));
+      launch(static_cast<const __nv_bfloat16*>(ckv.data),
+             static_cast<const __nv_bfloat16*>(kpe.data));
       break;
     case DType::f16:
       launch(static_cast<const __half*>(ckv.data), static_cast<const __half*>(kpe.data));

@@ -16,9 +16,9 @@ namespace fp8mla::detail {
 
 inline void cuda_check(cudaError_t status, const char* what) {
   if (status != cudaSuccess) {
-    throw Error(status == cudaErrorMemoryAllocation ? ErrorCode::out_of_memory
-                                                    : ErrorCode::cuda_error,
-                what, std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status));
+    throw Error(
+        status == cudaErrorMemoryAllocation ? ErrorCode::out_of_memory : ErrorCode::cuda_error,
+        what, std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status));
   }
 }
 // Every CUDA call goes through this; `what` names the call in the error.
@@ -34,10 +34,12 @@ __device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
 // zero-filled and nothing is read (src must still be a mapped address).
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
   const int bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)),
-               "l"(gmem), "r"(bytes));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
+               "r"(bytes));
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n");
+}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));

@@ -76,17 +76,18 @@ __global__ void __launch_bounds__(kMergeThreads) split_merge_kernel(const MergeP
   *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(o.x * inv, o.y * inv);
   *reinterpret_cast<__nv_bfloat162*>(dst + 2) = __floats2bfloat162_rn(o.z * inv, o.w * inv);
   if (p.lse != nullptr && blockIdx.y == 0 && tid == 0) {
-    p.lse[token * p.lse_stride[0] + head * p.lse_stride[1]] =
-        total > 0.0f ? mx + logf(total) : total == 0.0f ? -INFINITY : NAN;
+    p.lse[token * p.lse_stride[0] + head * p.lse_stride[1]] = total > 0.0f    ? mx + logf(total)
+                                                              : total == 0.0f ? -INFINITY
+                                                                              : NAN;
   }
 }
 
 // merge_states(): general strides and dtypes, one warp per row.
 template <class In, class Out>
-__global__ void merge_states_kernel(const In* v, std::int64_t v_r, std::int64_t v_s,
-                                    const float* s, std::int64_t s_r, std::int64_t s_s, Out* vo,
-                                    std::int64_t vo_r, float* so, std::int64_t so_r,
-                                    std::int64_t rows, int states, int dim) {
+__global__ void merge_states_kernel(const In* v, std::int64_t v_r, std::int64_t v_s, const float* s,
+                                    std::int64_t s_r, std::int64_t s_s, Out* vo, std::int64_t vo_r,
+                                    float* so, std::int64_t so_r, std::int64_t rows, int states,
+                                    int dim) {
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kMergeWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
@@ -118,7 +119,9 @@ template <KvFormat F, int MT>
 constexpr KernelEntry entry() {
   return {&mla_decode_kernel<F, MT>, decode::Smem<F, MT>::kBytes};
 }
-constexpr int row_tile_index(int mt) { return mt == 1 ? 0 : mt == 2 ? 1 : 2; }
+constexpr int row_tile_index(int mt) {
+  return mt == 1 ? 0 : mt == 2 ? 1 : 2;
+}
 const std::array<std::array<KernelEntry, 3>, 3> kDecodeKernels = {{
     {entry<KvFormat::bf16, 1>(), entry<KvFormat::bf16, 2>(), entry<KvFormat::bf16, 4>()},
     {entry<KvFormat::fp8_e4m3, 1>(), entry<KvFormat::fp8_e4m3, 2>(),
@@ -134,7 +137,8 @@ void prepare(const KernelEntry& k) {
   std::lock_guard<std::mutex> lock(mu);
   for (const void* d : done)
     if (d == reinterpret_cast<const void*>(k.fn)) return;
-  FP8MLA_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
+  FP8MLA_CUDA_CHECK(
+      cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
   for (const void*& d : done)
     if (d == nullptr) {
       d = reinterpret_cast<const void*>(k.fn);
@@ -147,10 +151,10 @@ void require_aligned(const void* p, std::int64_t bytes_stride_a, std::int64_t by
   const bool ok = reinterpret_cast<std::uintptr_t>(p) % align == 0 && bytes_stride_a % align == 0 &&
                   bytes_stride_b % align == 0;
   if (!ok) {
-    throw Error(ErrorCode::invalid_argument, name,
-                msg("the CUDA kernels need ", align,
-                    "-byte aligned data and outer strides (pointer ", p, ", strides ",
-                    bytes_stride_a, " and ", bytes_stride_b, " bytes)"));
+    throw Error(
+        ErrorCode::invalid_argument, name,
+        msg("the CUDA kernels need ", align, "-byte aligned data and outer strides (pointer ", p,
+            ", strides ", bytes_stride_a, " and ", bytes_stride_b, " bytes)"));
   }
 }
 
@@ -224,8 +228,7 @@ void cuda_run(PlanState& plan, const RunArgs& args) {
   // stays valid when replan() changes the tile count.
   const std::int64_t grid = b.graph ? b.cap_tiles : b.num_tiles;
   if (grid > 0) {
-    const KernelEntry& k =
-        kDecodeKernels[static_cast<int>(kv.format)][row_tile_index(b.row_tiles)];
+    const KernelEntry& k = kDecodeKernels[static_cast<int>(kv.format)][row_tile_index(b.row_tiles)];
     prepare(k);
     k.fn<<<static_cast<unsigned>(grid), decode::kThreads, k.smem, stream>>>(p);
     FP8MLA_CUDA_CHECK_LAUNCH("mla_decode_kernel");
@@ -251,7 +254,8 @@ void cuda_run(PlanState& plan, const RunArgs& args) {
       const dim3 grid(static_cast<unsigned>(merge_items), kDimCkv / 32);
       split_merge_kernel<32><<<grid, kMergeThreads, 0, stream>>>(m);
     } else {
-      split_merge_kernel<kDimCkv><<<static_cast<unsigned>(merge_items), kMergeThreads, 0, stream>>>(m);
+      split_merge_kernel<kDimCkv>
+          <<<static_cast<unsigned>(merge_items), kMergeThreads, 0, stream>>>(m);
     }
     FP8MLA_CUDA_CHECK_LAUNCH("split_merge_kernel");
   }

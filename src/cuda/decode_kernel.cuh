@@ -11,6 +11,9 @@
 //   4. online softmax in fp32 (log2 domain), row max and sum exchanged through shared memory;
 //   5. O += P V: warp w owns output columns [64w, 64w + 64), all rows.
 // The epilogue writes bf16 out + lse, or an fp32 partial (o, lse) row when the request is split.
+// fp8 tiles of <= 16 rows (Smem::kDirect) fuse steps 1 and 2: global loads straight into
+// registers, dequantized into the bf16 tile, so two CTAs fit an SM (bench/NOTES.md, v3).
+// Sparse (DSA) tiles are the same kernel: token j of a tile is read through the index list.
 #pragma once
 
 #include <cfloat>
@@ -25,7 +28,7 @@ namespace decode {
 
 inline constexpr int kThreads = 256;
 inline constexpr int kWarps = kThreads / 32;
-inline constexpr int kBlockN = 64;       // cache tokens per block
+inline constexpr int kBlockN = 64;         // cache tokens per block
 inline constexpr int kRowElems = 576 + 8;  // bf16 row pitch in smem: 1168 B, ldmatrix conflict-free
 inline constexpr int kPElems = kBlockN + 8;
 inline constexpr float kLog2e = 1.4426950408889634f;
@@ -91,8 +94,9 @@ __device__ __forceinline__ TokenAddr token_addr(const DecodeParams& p, const Wor
     page = p.kv_indices[p.kv_indptr[t.request] + (j >> p.page_shift)];
     offset = j & ((1 << p.page_shift) - 1);
   }
-  return {p.ckv + page * p.ckv_page_stride + offset * p.ckv_token_stride,
-          p.kpe == nullptr ? nullptr : p.kpe + page * p.kpe_page_stride + offset * p.kpe_token_stride};
+  return {
+      p.ckv + page * p.ckv_page_stride + offset * p.ckv_token_stride,
+      p.kpe == nullptr ? nullptr : p.kpe + page * p.kpe_page_stride + offset * p.kpe_token_stride};
 }
 
 // Issue the cp.async copies of block `blk` into stage `stage`; 4 threads per token.
@@ -121,7 +125,8 @@ __device__ __forceinline__ void load_block(const DecodeParams& p, const WorkTile
     }
   } else {
     std::uint8_t* dst = smem + S::kRaw + stage * S::kRawBytes + tok * 656;
-    for (int c = sub; c < 41; c += 4) cp_async_16(dst + 16 * c, valid ? a.ckv + 16 * c : fallback, valid);
+    for (int c = sub; c < 41; c += 4)
+      cp_async_16(dst + 16 * c, valid ? a.ckv + 16 * c : fallback, valid);
   }
 }
 
@@ -162,7 +167,7 @@ __device__ __forceinline__ void load_dequantize_block(const DecodeParams& p, con
     v[i] = make_uint4(0, 0, 0, 0);
     scale[i] = 1.0f;
     if (valid) {
-      const std::uint8_t* src = c < 32                          ? a.ckv + 16 * c
+      const std::uint8_t* src = c < 32                    ? a.ckv + 16 * c
                                 : F == KvFormat::fp8_e4m3 ? a.kpe + 16 * (c - 32)
                                                           : a.ckv + 528 + 16 * (c - 32);
       v[i] = __ldg(reinterpret_cast<const uint4*>(src));
@@ -277,7 +282,7 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
     for (int h = 0; h < 2; ++h) {
       const int r = 16 * m + lane / 4 + 8 * h;
       const int qi = t.q_begin + r / t.head_count;
-      row_limit[m][h] = r >= rows ? -1
+      row_limit[m][h] = r >= rows                   ? -1
                         : (p.topk == 0 && p.causal) ? kv_len - qo_len + qi
                                                     : INT32_MAX;
     }
@@ -305,8 +310,8 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
       if (blk + kStages < n_blocks) load_block<F, MT>(p, t, q_first, smem, blk + kStages, stage);
       cp_async_commit();
     }
-    const __nv_bfloat16* k_s =
-        reinterpret_cast<const __nv_bfloat16*>(smem + S::kTile + (S::kTiles > 1 ? stage : 0) * S::kTileBytes);
+    const __nv_bfloat16* k_s = reinterpret_cast<const __nv_bfloat16*>(
+        smem + S::kTile + (S::kTiles > 1 ? stage : 0) * S::kTileBytes);
 
     // ---- S = Q K^T for tokens [8 warp, 8 warp + 8) ----
     // With one m-tile the two mma of a k-pair go to separate accumulators (summed below), so
@@ -321,7 +326,7 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
     const __nv_bfloat16* k_row = k_s + (8 * warp + lane % 8) * kRowElems + (lane / 8) * 8;
     // Two k-steps (32 dims) per ldmatrix.x4 of K; the nope and rope parts keep separate
     // accumulators so a per-tensor fp8 cache can scale them differently.
-    auto qk_steps = [&](float (&acc)[kChains][MT][4], int k) {
+    auto qk_steps = [&](float(&acc)[kChains][MT][4], int k) {
       std::uint32_t b[4];
       ldmatrix_x4(b, k_row + 16 * k);
 #pragma unroll
@@ -418,7 +423,7 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
         }
       }
 
-    // ---- O += P V for columns [64 warp, 64 warp + 64) ----
+      // ---- O += P V for columns [64 warp, 64 warp + 64) ----
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       std::uint32_t a[MT][4];
@@ -470,10 +475,9 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
         if (p.lse != nullptr && warp == 0 && lane % 4 == 0)
           p.lse[token * p.lse_stride[0] + head * p.lse_stride[1]] = lse;
       } else {
-        const std::int64_t prow = p.partial_offset[t.request] +
-                                  (static_cast<std::int64_t>(t.split) * qo_len + t.q_begin + tq) *
-                                      p.num_heads +
-                                  head;
+        const std::int64_t prow =
+            p.partial_offset[t.request] +
+            (static_cast<std::int64_t>(t.split) * qo_len + t.q_begin + tq) * p.num_heads + head;
         float* dst = p.partial_o + prow * 512;
 #pragma unroll
         for (int n = 0; n < 8; ++n)

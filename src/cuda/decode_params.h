@@ -11,12 +11,12 @@
 namespace fp8mla::detail {
 
 struct DecodeParams {
-  const WorkTile* tiles;           // [capacity]; the first *num_tiles are live
-  const std::int32_t* num_tiles;   // device scalar (rewritten in place by replan)
-  const std::int32_t* qo_indptr;   // [batch + 1]
-  const std::int32_t* kv_indptr;   // [batch + 1] page offsets into kv_indices
-  const std::int32_t* kv_indices;  // pages
-  const std::int32_t* kv_len;      // [batch] tokens
+  const WorkTile* tiles;               // [capacity]; the first *num_tiles are live
+  const std::int32_t* num_tiles;       // device scalar (rewritten in place by replan)
+  const std::int32_t* qo_indptr;       // [batch + 1]
+  const std::int32_t* kv_indptr;       // [batch + 1] page offsets into kv_indices
+  const std::int32_t* kv_indices;      // pages
+  const std::int32_t* kv_len;          // [batch] tokens
   const std::int32_t* sparse_indices;  // [total_q, topk] global slots, -1 = skip (sparse only)
   const std::int64_t* partial_offset;  // [batch] first partial row of a split request
   int topk;                            // 0 = dense
@@ -32,8 +32,8 @@ struct DecodeParams {
   std::int64_t q_nope_stride[2];
   const __nv_bfloat16* q_pe;  // [total_q, H, 64]
   std::int64_t q_pe_stride[2];
-  // Cache halves as bytes: token (page p, offset o) starts at base + p*page_stride + o*token_stride.
-  // fp8_e4m3_block: ckv is the whole 656-byte token and kpe is unused.
+  // Cache halves as bytes: token (page p, offset o) starts at base + p*page_stride +
+  // o*token_stride. fp8_e4m3_block: ckv is the whole 656-byte token and kpe is unused.
   const std::uint8_t* ckv;
   std::int64_t ckv_page_stride, ckv_token_stride;
   const std::uint8_t* kpe;

@@ -18,18 +18,18 @@ struct CudaPlanBuffers {
   std::int32_t num_tiles = 0, num_merge = 0;
   std::int32_t max_splits = 1;  // most splits of any request (picks the merge layout)
 
-  WorkTile* tiles = nullptr;            // [cap_tiles]
-  std::int32_t* counts = nullptr;       // [2]: num_tiles, num_merge items
-  std::int32_t* qo_indptr = nullptr;    // [cap_batch + 1]
-  std::int32_t* kv_indptr = nullptr;    // [cap_batch + 1]
-  std::int32_t* kv_len = nullptr;       // [cap_batch]
-  std::int32_t* num_splits = nullptr;   // [cap_batch]
+  WorkTile* tiles = nullptr;               // [cap_tiles]
+  std::int32_t* counts = nullptr;          // [2]: num_tiles, num_merge items
+  std::int32_t* qo_indptr = nullptr;       // [cap_batch + 1]
+  std::int32_t* kv_indptr = nullptr;       // [cap_batch + 1]
+  std::int32_t* kv_len = nullptr;          // [cap_batch]
+  std::int32_t* num_splits = nullptr;      // [cap_batch]
   std::int64_t* partial_offset = nullptr;  // [cap_batch]
-  std::int32_t* kv_indices = nullptr;   // [cap_kv_indices]
-  std::int32_t* sparse = nullptr;       // [cap_sparse]
-  MergeItem* merge = nullptr;           // [cap_merge]
-  float* partial_o = nullptr;           // [cap_partial_rows, 512]
-  float* partial_lse = nullptr;         // [cap_partial_rows]
+  std::int32_t* kv_indices = nullptr;      // [cap_kv_indices]
+  std::int32_t* sparse = nullptr;          // [cap_sparse]
+  MergeItem* merge = nullptr;              // [cap_merge]
+  float* partial_o = nullptr;              // [cap_partial_rows, 512]
+  float* partial_lse = nullptr;            // [cap_partial_rows]
 };
 
 }  // namespace fp8mla::detail

@@ -9,7 +9,9 @@
 
 namespace fp8mla::detail {
 
-bool cuda_built() noexcept { return true; }
+bool cuda_built() noexcept {
+  return true;
+}
 
 int cuda_device_count() noexcept {
   int n = 0;
@@ -70,9 +72,8 @@ namespace {
 
 template <class T>
 T* alloc(std::int64_t n, int device_id) {
-  return static_cast<T*>(cuda_malloc(static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) *
-                                         sizeof(T),
-                                     device_id));
+  return static_cast<T*>(
+      cuda_malloc(static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * sizeof(T), device_id));
 }
 
 template <class T>
@@ -85,7 +86,9 @@ void upload(T* dst, const std::vector<T>& src, std::int64_t cap, const char* wha
   if (!src.empty()) cuda_copy_to_device(dst, src.data(), src.size() * sizeof(T));
 }
 
-int row_tiles_for(int rows) { return rows <= 16 ? 1 : rows <= 32 ? 2 : 4; }
+int row_tiles_for(int rows) {
+  return rows <= 16 ? 1 : rows <= 32 ? 2 : 4;
+}
 
 }  // namespace
 
@@ -148,9 +151,9 @@ void cuda_upload_plan(PlanState& plan) {
                     " rows the graph-mode plan was made for (raise options.max_qo_len)"));
   }
   if (plan.partial_rows > b.cap_partial_rows) {
-    throw Error(ErrorCode::invalid_argument, "problem",
-                msg(plan.partial_rows, " split-KV partial rows exceed the capacity ",
-                    b.cap_partial_rows));
+    throw Error(
+        ErrorCode::invalid_argument, "problem",
+        msg(plan.partial_rows, " split-KV partial rows exceed the capacity ", b.cap_partial_rows));
   }
   upload(b.tiles, plan.tiles, b.cap_tiles, "tiles");
   upload(b.qo_indptr, plan.qo_indptr, b.cap_batch + 1, "qo_indptr");

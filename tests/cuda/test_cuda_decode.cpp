@@ -7,9 +7,8 @@
 // bf16 before P V (relative 2^-9 each, averaging out over many tokens), and the output is rounded
 // to bf16 (2^-9). Measured errors are ~2-4e-3 relative L2; we allow 1e-2 (the project's bar) for
 // out and 2e-3 * max(1, |lse|) for lse. Positions of NaN and -inf must match exactly.
-#include <gtest/gtest.h>
-
 #include <cuda_runtime.h>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
@@ -29,8 +28,8 @@ namespace {
 constexpr double kOutTol = 1e-2;
 constexpr double kLseTol = 2e-3;
 
-#define SKIP_WITHOUT_GPU()                                                 \
-  do {                                                                     \
+#define SKIP_WITHOUT_GPU()                                                  \
+  do {                                                                      \
     if (detail::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device"; \
   } while (0)
 
@@ -54,7 +53,9 @@ struct DeviceBuffer {
   }
 };
 
-void check_cuda(cudaError_t e) { ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e); }
+void check_cuda(cudaError_t e) {
+  ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e);
+}
 
 // The reference result of a case on the host.
 test::HostOutput reference(test::RandomCase& c) {
@@ -70,8 +71,11 @@ struct DeviceOutput {
   std::int64_t n_out, n_lse, guard;
   DeviceBuffer out, lse;
   DeviceOutput(const test::RandomCase& c, std::int64_t g)
-      : n_out(c.rows() * kDimCkv), n_lse(c.rows()), guard(g),
-        out((n_out + 2 * g) * 2), lse((n_lse + 2 * g) * 4) {
+      : n_out(c.rows() * kDimCkv),
+        n_lse(c.rows()),
+        guard(g),
+        out((n_out + 2 * g) * 2),
+        lse((n_lse + 2 * g) * 4) {
     poison_all();
   }
   void poison_all() {
@@ -201,7 +205,14 @@ TEST_P(CudaDecodeGrid, MatchesReference) {
     run_case(s);
   }
 }
-INSTANTIATE_TEST_SUITE_P(Grid, CudaDecodeGrid, ::testing::ValuesIn(kGrid));
+INSTANTIATE_TEST_SUITE_P(Grid, CudaDecodeGrid, ::testing::ValuesIn(kGrid),
+                         [](const ::testing::TestParamInfo<GridCase>& param_info) {
+                           const GridCase& g = param_info.param;
+                           return std::string(format_name(g.format)) + "_h" +
+                                  std::to_string(g.heads) + "_ps" + std::to_string(g.page_size) +
+                                  "_qo" + std::to_string(g.qo_max) + (g.causal ? "_causal" : "") +
+                                  "_" + std::to_string(param_info.index);
+                         });
 
 TEST(CudaDecodeSplit, LongContextSplitsAndMerges) {
   SKIP_WITHOUT_GPU();
@@ -233,8 +244,8 @@ TEST(CudaDecodeSparse, TopkWithSkippedEntries) {
   const struct {
     KvFormat f;
     int heads, page_size, topk;
-  } cases[] = {{BL, 64, 64, 128}, {BL, 8, 64, 512}, {F8, 128, 1, 96}, {F8, 16, 16, 300},
-               {BF, 8, 64, 64}, {BL, 128, 64, 2048}};
+  } cases[] = {{BL, 64, 64, 128}, {BL, 8, 64, 512}, {F8, 128, 1, 96},
+               {F8, 16, 16, 300}, {BF, 8, 64, 64},  {BL, 128, 64, 2048}};
   for (const auto& k : cases) {
     test::ProblemSpec s;
     s.format = k.f;
@@ -298,7 +309,7 @@ TEST(CudaGraph, CaptureReplanReplay) {
   s.batch = 6;
   s.kv_len_min = 1;
   s.kv_len_max = 3000;
-  s.spare_pages = 400;  // room for the second batch's longer contexts
+  s.spare_pages = 400;      // room for the second batch's longer contexts
   s.poison_unused = false;  // the second batch reads pages the first one left unused
   s.seed = 31;
   test::RandomCase c1 = test::make_case(s);
