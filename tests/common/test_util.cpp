@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -11,6 +12,18 @@
 #include <stdexcept>
 
 namespace fp8mla::test {
+
+std::string golden_dir() {
+  if (const char* env = std::getenv("FP8MLA_GOLDEN_DIR"); env != nullptr && *env != '\0') {
+    return env;
+  }
+#ifdef FP8MLA_GOLDEN_DIR
+  return FP8MLA_GOLDEN_DIR;
+#else
+  return "../shared/golden";
+#endif
+}
+
 namespace {
 
 using Rng = std::mt19937_64;

@@ -27,6 +27,10 @@
 
 namespace fp8mla::test {
 
+// Where the golden vectors made by PyTorch and FlashMLA live: $FP8MLA_GOLDEN_DIR, else the
+// build's definition (../shared/golden beside the checkout).
+std::string golden_dir();
+
 // ---- random problems ----
 
 // How the pool's bytes are arranged (bf16 and fp8_e4m3; fp8_e4m3_block is always fused).

@@ -17,26 +17,15 @@
 #include <vector>
 
 #include "fp8mla/format.h"
+#include "tests/common/test_util.h"
 
 namespace fp8mla {
 namespace {
 
-// The golden directory: FP8MLA_GOLDEN_DIR from the environment, else the build's definition.
-std::string golden_dir() {
-  if (const char* env = std::getenv("FP8MLA_GOLDEN_DIR"); env != nullptr && *env != '\0') {
-    return env;
-  }
-#ifdef FP8MLA_GOLDEN_DIR
-  return FP8MLA_GOLDEN_DIR;
-#else
-  return "../shared/golden";
-#endif
-}
-
 // Reads a golden TSV: rows of tab-separated fields, '#' lines are comments. A missing file is a
 // failure (the golden vectors are the point of these tests), reported through `ok`.
 std::vector<std::vector<std::string>> read_tsv(const std::string& name, bool& ok) {
-  const std::string path = golden_dir() + "/" + name;
+  const std::string path = test::golden_dir() + "/" + name;
   std::ifstream file(path);
   ok = file.good();
   std::vector<std::vector<std::string>> rows;
@@ -102,7 +91,7 @@ std::uint16_t reference_bf16(float x) {
 TEST(CodecGolden, DecodeMatchesPyTorchForEveryCode) {
   bool ok = false;
   const auto rows = read_tsv("e4m3fn_decode.tsv", ok);
-  ASSERT_TRUE(ok) << "missing golden file " << golden_dir() << "/e4m3fn_decode.tsv";
+  ASSERT_TRUE(ok) << "missing golden file " << test::golden_dir() << "/e4m3fn_decode.tsv";
   ASSERT_EQ(rows.size(), 256u);
   std::vector<bool> seen(256, false);
   for (const auto& row : rows) {
@@ -126,7 +115,7 @@ TEST(CodecGolden, DecodeMatchesPyTorchForEveryCode) {
 TEST(CodecGolden, EncodeMatchesPyTorchRne) {
   bool ok = false;
   const auto rows = read_tsv("e4m3fn_encode_rne.tsv", ok);
-  ASSERT_TRUE(ok) << "missing golden file " << golden_dir() << "/e4m3fn_encode_rne.tsv";
+  ASSERT_TRUE(ok) << "missing golden file " << test::golden_dir() << "/e4m3fn_encode_rne.tsv";
   ASSERT_EQ(rows.size(), 3756u);
   int mismatches = 0;
   for (const auto& row : rows) {

@@ -19,23 +19,13 @@
 
 #include "fp8mla/error.h"
 #include "fp8mla/format.h"
+#include "tests/common/test_util.h"
 
 namespace fp8mla {
 namespace {
 
 constexpr std::array<KvFormat, 3> kFormats = {KvFormat::bf16, KvFormat::fp8_e4m3,
                                               KvFormat::fp8_e4m3_block};
-
-std::string golden_dir() {
-  if (const char* env = std::getenv("FP8MLA_GOLDEN_DIR"); env != nullptr && *env != '\0') {
-    return env;
-  }
-#ifdef FP8MLA_GOLDEN_DIR
-  return FP8MLA_GOLDEN_DIR;
-#else
-  return "../shared/golden";
-#endif
-}
 
 // A tiny reader for the golden JSON: the value of `key` must be an array of arrays of integers.
 // Returns false (and leaves `rows` partial) when the key is missing or the value malformed.
@@ -107,7 +97,7 @@ std::vector<float> random_token(std::mt19937& rng) {
 }
 
 TEST(FormatGolden, Block656MatchesFlashMlaByteForByte) {
-  const std::string path = golden_dir() + "/block656_flashmla.json";
+  const std::string path = test::golden_dir() + "/block656_flashmla.json";
   std::ifstream file(path);
   ASSERT_TRUE(file.good()) << "missing golden file " << path;
   std::stringstream ss;
