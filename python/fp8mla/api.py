@@ -66,6 +66,28 @@ def _stream(stream, like):
     return int(stream)
 
 
+def _problem_args(qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size, num_pages,
+                  sm_scale, kv_format, causal, topk, sparse_indices, device):
+    """The Problem part of _ext.plan / _ext.replan's arguments, converted once for both."""
+    kind, index = parse_device(device)
+    return (
+        host_i32(qo_indptr, "qo_indptr"),
+        host_i32(kv_indptr, "kv_indptr"),
+        host_i32(kv_indices, "kv_indices"),
+        host_i32(kv_len, "kv_len"),
+        int(num_heads),
+        int(page_size),
+        int(num_pages),
+        as_format(kv_format),
+        bool(causal),
+        float(sm_scale),
+        int(topk),
+        host_i32(sparse_indices, "sparse_indices", ndim=2) if sparse_indices is not None else None,
+        kind,
+        index,
+    )
+
+
 def plan(
     qo_indptr,
     kv_indptr,
@@ -109,22 +131,9 @@ def plan(
     Returns a Plan. Raises ValueError naming the argument, index and bound for bad input;
     RuntimeError when the device cannot be served (e.g. "cuda" in a build without CUDA).
     """
-    kind, index = parse_device(device)
     return _ext.plan(
-        host_i32(qo_indptr, "qo_indptr"),
-        host_i32(kv_indptr, "kv_indptr"),
-        host_i32(kv_indices, "kv_indices"),
-        host_i32(kv_len, "kv_len"),
-        int(num_heads),
-        int(page_size),
-        int(num_pages),
-        as_format(kv_format),
-        bool(causal),
-        float(sm_scale),
-        int(topk),
-        host_i32(sparse_indices, "sparse_indices", ndim=2) if sparse_indices is not None else None,
-        kind,
-        index,
+        *_problem_args(qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size, num_pages,
+                       sm_scale, kv_format, causal, topk, sparse_indices, device),
         int(sm_count),
         int(ctas_per_sm),
         int(min_chunk_tokens),
@@ -162,23 +171,10 @@ def replan(
     graph-mode plan or num_heads, format, page size, topk or device differ from it, or the new
     batch exceeds its max_* capacities. Synchronous on the host: call it outside capture.
     """
-    kind, index = parse_device(device)
     _ext.replan(
         plan,
-        host_i32(qo_indptr, "qo_indptr"),
-        host_i32(kv_indptr, "kv_indptr"),
-        host_i32(kv_indices, "kv_indices"),
-        host_i32(kv_len, "kv_len"),
-        int(num_heads),
-        int(page_size),
-        int(num_pages),
-        as_format(kv_format),
-        bool(causal),
-        float(sm_scale),
-        int(topk),
-        host_i32(sparse_indices, "sparse_indices", ndim=2) if sparse_indices is not None else None,
-        kind,
-        index,
+        *_problem_args(qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size, num_pages,
+                       sm_scale, kv_format, causal, topk, sparse_indices, device),
     )
 
 

@@ -98,7 +98,9 @@ void ArgParser::add_flag(std::string name, bool* out, std::string help) {
   o.is_flag = true;
 }
 
-void ArgParser::add_int(std::string name, int* out, std::string help, int min, int max) {
+template <class Int>
+void ArgParser::add_integer(std::string name, Int* out, std::string help, std::int64_t min,
+                            std::int64_t max) {
   const std::string range = range_text(min, max);
   const std::string n = name;
   add(std::move(name), "N", std::move(help) + " " + range, std::to_string(*out),
@@ -107,22 +109,17 @@ void ArgParser::add_int(std::string name, int* out, std::string help, int min, i
         if (!parse_int64(v, &x) || x < min || x > max) {
           bad_value(*find(n), v, "an integer in " + range);
         }
-        *out = static_cast<int>(x);
+        *out = static_cast<Int>(x);  // in [min, max], which fits Int
       });
+}
+
+void ArgParser::add_int(std::string name, int* out, std::string help, int min, int max) {
+  add_integer(std::move(name), out, std::move(help), min, max);
 }
 
 void ArgParser::add_int64(std::string name, std::int64_t* out, std::string help, std::int64_t min,
                           std::int64_t max) {
-  const std::string range = range_text(min, max);
-  const std::string n = name;
-  add(std::move(name), "N", std::move(help) + " " + range, std::to_string(*out),
-      [this, out, min, max, n, range](std::string_view v) {
-        std::int64_t x = 0;
-        if (!parse_int64(v, &x) || x < min || x > max) {
-          bad_value(*find(n), v, "an integer in " + range);
-        }
-        *out = x;
-      });
+  add_integer(std::move(name), out, std::move(help), min, max);
 }
 
 void ArgParser::add_string(std::string name, std::string* out, std::string metavar,

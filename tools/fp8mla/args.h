@@ -64,6 +64,10 @@ class ArgParser {
   Option& add(std::string name, std::string metavar, std::string help, std::string default_text,
               std::function<void(std::string_view)> set);
   Option* find(std::string_view name);
+  // add_int / add_int64: an integer option checked against [min, max].
+  template <class Int>
+  void add_integer(std::string name, Int* out, std::string help, std::int64_t min,
+                   std::int64_t max);
   [[noreturn]] void fail(const std::string& message) const;
   [[noreturn]] void bad_value(const Option& o, std::string_view value,
                               const std::string& expected) const;
