@@ -62,7 +62,9 @@ struct PlanOptions {
   // number of threads. The partition depends only on the Problem and these options, so equal
   // inputs give equal plans on any machine.
   int sm_count = 0;
-  int ctas_per_sm = 2;         // tiles the planner aims to keep in flight per unit
+  // Tiles the planner runs per unit and wave: 0 = the CUDA kernel's residency (occupancy API;
+  // 1 on the CPU). The chunk size then fills whole waves (src/core/plan.cpp).
+  int ctas_per_sm = 0;
   int min_chunk_tokens = 256;  // never split a request's context finer than this
   int num_threads = 0;         // CPU backend threads; 0 = std::thread::hardware_concurrency()
   bool cpu_reference = false;  // CPU: run the float64 reference instead of the fast path

@@ -104,7 +104,7 @@ def plan(
     sparse_indices=None,
     device="cpu",
     sm_count=0,
-    ctas_per_sm=2,
+    ctas_per_sm=0,
     min_chunk_tokens=256,
     num_threads=0,
     cpu_reference=False,

@@ -20,6 +20,9 @@ int cuda_device_count() noexcept {
 int cuda_sm_count(int) {
   no_cuda("device");
 }
+int cuda_ctas_per_sm(KvFormat, int, int) {
+  no_cuda("problem.device");
+}
 void* cuda_malloc(std::size_t, int) {
   no_cuda("device");
 }

@@ -10,11 +10,17 @@
 //  * A group is (request, q block, head block). Its work is the request's length L_r: kv_len[r]
 //    when dense (with causal the last row sees all L_r tokens, so that bounds every row), topk
 //    when sparse (then the kv range is positions [0, topk) of each token's index list).
-//  * target = sm_count * ctas_per_sm, W = sum of the groups' work,
-//    chunk = round_up(max(min_chunk_tokens, ceil(W / target)), 64). Request r gets
-//    n_r = ceil(L_r / chunk) splits (1 when L_r <= chunk, so also for L_r = 0). A split request
-//    cuts [0, L_r) into n_r near-equal ranges of chunk_r = round_up(ceil(L_r / n_r), 64) <= chunk
+//  * target = sm_count * ctas_per_sm (ctas_per_sm resolved: the option, or the CUDA kernel's
+//    residency from the occupancy API, or 1 on the CPU), W = sum of the groups' work,
+//    c_min = round_up(max(min_chunk_tokens, ceil(W / target)), 64). For a chunk c, request r gets
+//    n_r = ceil(L_r / c) splits (1 when L_r <= c, so also for L_r = 0). A split request
+//    cuts [0, L_r) into n_r near-equal ranges of chunk_r = round_up(ceil(L_r / n_r), 64) <= c
 //    tokens (the last one shorter); that keeps n_r and balances the splits.
+//    The chunk is the c >= c_min (among c_min and round_up(ceil(L_max / n), 64)) with the least
+//    estimated time ceil(tiles / target) * (longest tile + 64) + (any split ? 128 : 0), in
+//    tokens: tiles run in waves of `target`, a CTA has a fixed start-up cost, and a split costs
+//    the merge launch. Ties go to the larger chunk. (With c = c_min alone, v3's 2 CTAs per SM got
+//    384 tiles = 1.45 waves at 128 requests x 8192 tokens; bench/NOTES.md.)
 //  * Tiles: requests in order, a request's tiles contiguous and ordered by (split, head block,
 //    q block), so tiles reading the same kv range are neighbours. Split requests' tiles carry
 //    split = s in [0, n_r), the others -1. qo_len = 0 gives no tiles; L_r = 0 with qo_len > 0
@@ -74,7 +80,8 @@ template <class... Parts>
 
 void check_options(const PlanOptions& o) {
   require(o.sm_count >= 0, "options.sm_count", o.sm_count, " must be >= 0 (0 = ask the device)");
-  require(o.ctas_per_sm >= 1, "options.ctas_per_sm", o.ctas_per_sm, " must be >= 1");
+  require(o.ctas_per_sm >= 0, "options.ctas_per_sm", o.ctas_per_sm,
+          " must be >= 0 (0 = the kernel's residency)");
   require(o.min_chunk_tokens >= 1, "options.min_chunk_tokens", o.min_chunk_tokens, " must be >= 1");
   require(o.num_threads >= 0, "options.num_threads", o.num_threads,
           " must be >= 0 (0 = hardware_concurrency)");
@@ -218,7 +225,29 @@ Blocking blocking(int num_heads, bool sparse) {
 }
 
 std::int64_t target_tiles(const PlanState& s) {
-  return static_cast<std::int64_t>(s.sm_count) * s.options.ctas_per_sm;
+  return static_cast<std::int64_t>(s.sm_count) * s.ctas_per_sm;
+}
+
+// Rows of the largest tile the backend's kernel is chosen for (graph mode: any problem within
+// the options' bounds).
+int kernel_rows(const Problem& p, const PlanOptions& o) {
+  const Blocking b = blocking(p.num_heads, p.topk > 0);
+  const int heads = std::min(p.num_heads, kMaxRowsPerTile);
+  std::int64_t q = 1;
+  if (o.cuda_graph) {
+    q = graph_max_qo_len(o);
+  } else {
+    for (std::size_t r = 0; r + 1 < p.qo_indptr.size(); ++r)
+      q = std::max<std::int64_t>(q, p.qo_indptr[r + 1] - p.qo_indptr[r]);
+  }
+  return static_cast<int>(heads * std::min<std::int64_t>(q, b.max_q_per_tile));
+}
+
+int resolve_ctas_per_sm(const Problem& p, const PlanOptions& o) {
+  if (o.ctas_per_sm > 0) return o.ctas_per_sm;
+  if (p.device == DeviceKind::cuda)
+    return detail::cuda_ctas_per_sm(p.kv_format, kernel_rows(p, o), p.device_id);
+  return 1;
 }
 
 void set_capacities(PlanState& s) {
@@ -250,11 +279,36 @@ void partition(PlanState& s) {
   auto length = [&](int r) -> std::int64_t { return sparse ? s.topk : s.kv_len[r]; };
   auto q_blocks = [&](int r) { return ceil_div(qo_len(r), b.max_q_per_tile); };
 
-  std::int64_t work = 0;
-  for (int r = 0; r < s.batch; ++r) work += q_blocks(r) * b.head_blocks * length(r);
-  const std::int64_t chunk =
-      round_up(std::max<std::int64_t>(s.options.min_chunk_tokens, ceil_div(work, target_tiles(s))),
-               kChunkAlign);
+  std::int64_t work = 0, longest = 0;
+  for (int r = 0; r < s.batch; ++r) {
+    work += q_blocks(r) * b.head_blocks * length(r);
+    if (qo_len(r) > 0) longest = std::max(longest, length(r));
+  }
+  const std::int64_t target = target_tiles(s);
+  const std::int64_t c_min = round_up(
+      std::max<std::int64_t>(s.options.min_chunk_tokens, ceil_div(work, target)), kChunkAlign);
+  auto splits_of = [](std::int64_t len, std::int64_t c) { return len <= c ? 1 : ceil_div(len, c); };
+  auto chunk_of = [](std::int64_t len, std::int64_t splits) {
+    return splits == 1 ? len : round_up(ceil_div(len, splits), kChunkAlign);
+  };
+  auto cost = [&](std::int64_t c) {
+    std::int64_t tiles = 0, groups = 0, longest_tile = 0;
+    for (int r = 0; r < s.batch; ++r) {
+      if (qo_len(r) == 0) continue;
+      const std::int64_t g = q_blocks(r) * b.head_blocks, n = splits_of(length(r), c);
+      tiles += g * n;
+      groups += g;
+      longest_tile = std::max(longest_tile, chunk_of(length(r), n));
+    }
+    return ceil_div(tiles, target) * (longest_tile + 64) + (tiles > groups ? 128 : 0);
+  };
+  std::int64_t chunk = std::max(c_min, longest), best = cost(chunk);
+  for (std::int64_t n = 2; n <= ceil_div(longest, c_min); ++n) {
+    const std::int64_t c = std::max(c_min, round_up(ceil_div(longest, n), kChunkAlign));
+    const std::int64_t t = cost(c);
+    if (t < best) best = t, chunk = c;
+  }
+  if (const std::int64_t t = cost(c_min); t < best) chunk = c_min;
 
   s.tiles.clear();
   s.num_splits.assign(s.batch, 1);
@@ -265,8 +319,8 @@ void partition(PlanState& s) {
     const std::int64_t len = length(r);
     s.partial_offset[r] = s.partial_rows;
     if (q_len == 0) continue;
-    const std::int64_t splits = len <= chunk ? 1 : ceil_div(len, chunk);
-    const std::int64_t chunk_r = splits == 1 ? len : round_up(ceil_div(len, splits), kChunkAlign);
+    const std::int64_t splits = splits_of(len, chunk);
+    const std::int64_t chunk_r = chunk_of(len, splits);
     const int q_per_tile = std::min(q_len, b.max_q_per_tile);
     s.num_splits[r] = static_cast<std::int32_t>(splits);
     if (splits > 1) s.partial_rows += splits * q_len * s.num_heads;
@@ -300,7 +354,7 @@ void validate(const Problem& p, const PlanOptions& o) {
 }
 
 // Everything but the device upload and the CPU workspace, for a validated problem.
-PlanState build_state(const Problem& p, const PlanOptions& o, int sm_count) {
+PlanState build_state(const Problem& p, const PlanOptions& o, int sm_count, int ctas_per_sm) {
   PlanState s;
   s.num_heads = p.num_heads;
   s.page_size = p.page_size;
@@ -313,6 +367,7 @@ PlanState build_state(const Problem& p, const PlanOptions& o, int sm_count) {
   s.device_id = p.device_id;
   s.options = o;
   s.sm_count = sm_count;
+  s.ctas_per_sm = ctas_per_sm;
   s.batch = static_cast<int>(p.qo_indptr.size() - 1);
   s.total_q = p.qo_indptr.back();
   s.qo_indptr.assign(p.qo_indptr.begin(), p.qo_indptr.end());
@@ -387,7 +442,8 @@ Plan plan(const Problem& problem, const PlanOptions& options) {
   // Validate before asking the device, so bad input reads as bad input in any build.
   validate(problem, options);
   auto state = std::make_unique<PlanState>(
-      build_state(problem, options, resolve_sm_count(problem, options)));
+      build_state(problem, options, resolve_sm_count(problem, options),
+                  resolve_ctas_per_sm(problem, options)));
   if (state->device == DeviceKind::cuda) {
     detail::cuda_upload_plan(*state);
   } else {
@@ -410,7 +466,7 @@ void replan(Plan& p, const Problem& problem) {
   require_same(problem.device_id, s.device_id, "device_id");
   // Same options and sm_count as the original, so the capacities (and buffers) still fit.
   validate(problem, s.options);
-  PlanState next = build_state(problem, s.options, s.sm_count);
+  PlanState next = build_state(problem, s.options, s.sm_count, s.ctas_per_sm);
   if (next.device == DeviceKind::cuda) {
     next.cuda = std::move(s.cuda);
     try {

@@ -29,7 +29,8 @@ struct PlanState {
   DeviceKind device = DeviceKind::cpu;
   int device_id = 0;
   PlanOptions options;
-  int sm_count = 0;  // resolved target width used by the partition
+  int sm_count = 0;     // resolved target width used by the partition
+  int ctas_per_sm = 1;  // resolved tiles in flight per unit (options.ctas_per_sm or the kernel's)
 
   int batch = 0;
   int total_q = 0;

@@ -67,6 +67,36 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const std::uint32_
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// D = A * B + D, m16n8k16, fp16 inputs, fp32 accumulators.
+__device__ __forceinline__ void mma_f16_16816(float (&d)[4], const std::uint32_t (&a)[4],
+                                              std::uint32_t b0, std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// The tile kernels pick the tensor-core input type at compile time.
+template <bool kHalf>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const std::uint32_t (&a)[4],
+                                          std::uint32_t b0, std::uint32_t b1) {
+  if constexpr (kHalf) {
+    mma_f16_16816(d, a, b0, b1);
+  } else {
+    mma_bf16_16816(d, a, b0, b1);
+  }
+}
+
+// Four e4m3 codes (one 32-bit word, lowest byte first) -> four exact fp16 values as two f16x2
+// words, one conversion instruction per pair (every e4m3 value, NaN included, is an fp16).
+__device__ __forceinline__ void fp8x4_to_half2x2(std::uint32_t codes, std::uint32_t& lo,
+                                                 std::uint32_t& hi) {
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
+      " cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(codes));
+}
+
 // Two e4m3 codes -> two exact floats (via the f16x2 conversion instruction).
 __device__ __forceinline__ float2 fp8x2_to_float2(std::uint16_t codes) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(codes, __NV_E4M3);
@@ -75,6 +105,19 @@ __device__ __forceinline__ float2 fp8x2_to_float2(std::uint16_t codes) {
 __device__ __forceinline__ std::uint32_t float2_to_bf16x2(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const std::uint32_t*>(&v);
+}
+__device__ __forceinline__ std::uint32_t float2_to_half2(float lo, float hi) {
+  const __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const std::uint32_t*>(&v);
+}
+// Both halves of a packed pair as floats (the tensor-core input type picked at compile time).
+template <bool kHalf>
+__device__ __forceinline__ float2 unpack2(std::uint32_t v) {
+  if constexpr (kHalf) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&v));
+  } else {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+  }
 }
 
 }  // namespace fp8mla::detail

@@ -1,6 +1,7 @@
 // Launchers: run() on a CUDA plan (decode kernel + split-KV merge) and merge_states().
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <mutex>
 
 #include "src/core/backend.h"
@@ -115,20 +116,32 @@ struct KernelEntry {
   DecodeFn fn;
   int smem;
 };
-template <KvFormat F, int MT>
+template <KvFormat F, int MT, bool D = F != KvFormat::bf16 && MT == 1>
 constexpr KernelEntry entry() {
-  return {&mla_decode_kernel<F, MT>, decode::Smem<F, MT>::kBytes};
+  return {&mla_decode_kernel<F, MT, D>, decode::Smem<F, MT, D>::kBytes};
 }
 constexpr int row_tile_index(int mt) {
   return mt == 1 ? 0 : mt == 2 ? 1 : 2;
 }
-const std::array<std::array<KernelEntry, 3>, 3> kDecodeKernels = {{
-    {entry<KvFormat::bf16, 1>(), entry<KvFormat::bf16, 2>(), entry<KvFormat::bf16, 4>()},
+// Columns: 1, 2, 4 m-tiles with the default loads (fp8 x 1 m-tile: direct), then 1 m-tile staged
+// through cp.async (FP8MLA_DECODE_STAGED=1 picks it for fp8: a bench/NOTES.md experiment).
+const std::array<std::array<KernelEntry, 4>, 3> kDecodeKernels = {{
+    {entry<KvFormat::bf16, 1>(), entry<KvFormat::bf16, 2>(), entry<KvFormat::bf16, 4>(),
+     entry<KvFormat::bf16, 1>()},
     {entry<KvFormat::fp8_e4m3, 1>(), entry<KvFormat::fp8_e4m3, 2>(),
-     entry<KvFormat::fp8_e4m3, 4>()},
+     entry<KvFormat::fp8_e4m3, 4>(), entry<KvFormat::fp8_e4m3, 1, false>()},
     {entry<KvFormat::fp8_e4m3_block, 1>(), entry<KvFormat::fp8_e4m3_block, 2>(),
-     entry<KvFormat::fp8_e4m3_block, 4>()},
+     entry<KvFormat::fp8_e4m3_block, 4>(), entry<KvFormat::fp8_e4m3_block, 1, false>()},
 }};
+
+const KernelEntry& decode_kernel(KvFormat format, int row_tiles) {
+  static const bool staged = [] {
+    const char* v = std::getenv("FP8MLA_DECODE_STAGED");
+    return v != nullptr && v[0] == '1';
+  }();
+  const int column = staged && row_tiles == 1 ? 3 : row_tile_index(row_tiles);
+  return kDecodeKernels[static_cast<int>(format)][column];
+}
 
 // Raises each kernel's dynamic shared-memory limit once per process (and device).
 void prepare(const KernelEntry& k) {
@@ -163,6 +176,15 @@ std::int64_t byte_stride(const TensorView& t, int dim) {
 }
 
 }  // namespace
+
+int cuda_ctas_per_sm(KvFormat format, int rows, int device_id) {
+  FP8MLA_CUDA_CHECK(cudaSetDevice(device_id));
+  const KernelEntry& k = decode_kernel(format, row_tiles_for(rows));
+  prepare(k);
+  int n = 0;
+  FP8MLA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k.fn, decode::kThreads, k.smem));
+  return std::max(n, 1);
+}
 
 void cuda_run(PlanState& plan, const RunArgs& args) {
   CudaPlanBuffers& b = *plan.cuda;
@@ -228,7 +250,7 @@ void cuda_run(PlanState& plan, const RunArgs& args) {
   // stays valid when replan() changes the tile count.
   const std::int64_t grid = b.graph ? b.cap_tiles : b.num_tiles;
   if (grid > 0) {
-    const KernelEntry& k = kDecodeKernels[static_cast<int>(kv.format)][row_tile_index(b.row_tiles)];
+    const KernelEntry& k = decode_kernel(kv.format, b.row_tiles);
     prepare(k);
     k.fn<<<static_cast<unsigned>(grid), decode::kThreads, k.smem, stream>>>(p);
     FP8MLA_CUDA_CHECK_LAUNCH("mla_decode_kernel");

@@ -34,13 +34,22 @@ inline constexpr int kPElems = kBlockN + 8;
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 
+// fp8_e4m3 (per-tensor scale) tiles run the tensor cores on fp16: every e4m3 code is an exact
+// fp16, one instruction converts two of them (bf16 needs e4m3 -> f16 -> f32 -> bf16: four
+// conversions per pair, and v3 spent most of its time there, bench/NOTES.md v4). Q is scaled
+// per row by a power of two into fp16 range (exact for the bf16 values that matter, see
+// load_q), P is in [0, 1]. The block format keeps bf16: its per-token scales are not bounded.
+constexpr bool half_mma(KvFormat f) {
+  return f == KvFormat::fp8_e4m3;
+}
+
 constexpr int raw_token_bytes(KvFormat f) {
   return f == KvFormat::bf16 ? 0 : f == KvFormat::fp8_e4m3 ? 576 : 656;
 }
 
 // Shared-memory plan of one instantiation. bf16 caches are staged straight into the bf16 tile
 // (kStages tiles); fp8 caches keep kStages raw staging buffers and one dequantized tile.
-template <KvFormat F, int MT>
+template <KvFormat F, int MT, bool D>
 struct Smem {
   static constexpr int kRows = 16 * MT;
   static constexpr int kQBytes = kRows * kRowElems * 2;
@@ -48,20 +57,25 @@ struct Smem {
   static constexpr int kRawBytes = kBlockN * raw_token_bytes(F);
   static constexpr int kPBytes = kRows * kPElems * 2;
   static constexpr int kRedBytes = 2 * kWarps * kRows * 4;
-  static constexpr int kFlagBytes = 2 * kBlockN;  // per stage (at most 2)
+  static constexpr int kFlagBytes = 3 * kBlockN;  // per stage (at most 3)
+  static constexpr int kQAuxBytes = 2 * kRows * 4;  // per-row |q| max and 2^-e (fp16 tiles)
   // fp8 tiles of <= 16 rows load and dequantize straight from global memory into the bf16 tile
   // (no raw staging): ~98 KB and <= 128 registers let two CTAs share an SM, so one CTA's loads
   // overlap the other's math. v2 ran 1 CTA (8 warps) per SM and ncu showed it latency bound.
-  static constexpr bool kDirect = F != KvFormat::bf16 && MT == 1;
+  static constexpr bool kDirect = D;
+  static_assert(!D || (F != KvFormat::bf16 && MT == 1), "direct loads are for fp8 and <= 16 rows");
   static constexpr int kMinBlocks = kDirect ? 2 : 1;
-  static constexpr int fixed() { return kQBytes + kPBytes + kRedBytes + kFlagBytes; }
+  static constexpr int fixed() { return kQBytes + kPBytes + kRedBytes + kFlagBytes + kQAuxBytes; }
   static constexpr int bytes_for(int stages) {
     return F == KvFormat::bf16 ? fixed() + stages * kTileBytes
            : kDirect           ? fixed() + kTileBytes
                                : fixed() + kTileBytes + stages * kRawBytes;
   }
-  // Two stages when they fit in the 227 KB a CTA may use, else one.
-  static constexpr int kStages = !kDirect && bytes_for(2) <= 227 * 1024 ? 2 : 1;
+  // As many stages (up to 3) as fit in the 227 KB a CTA may use.
+  static constexpr int kStages = kDirect                       ? 1
+                                 : bytes_for(3) <= 227 * 1024 ? 3
+                                 : bytes_for(2) <= 227 * 1024 ? 2
+                                                              : 1;
   static constexpr int kBytes = bytes_for(kStages);
   static constexpr int kTiles = F == KvFormat::bf16 ? kStages : 1;
   // Offsets.
@@ -72,6 +86,8 @@ struct Smem {
   static constexpr int kRedMax = kP + kPBytes;
   static constexpr int kRedSum = kRedMax + kWarps * kRows * 4;
   static constexpr int kFlags = kRedSum + kWarps * kRows * 4;
+  static constexpr int kQAmax = kFlags + kFlagBytes;
+  static constexpr int kQInv = kQAmax + kRows * 4;
   static_assert(kBytes <= 227 * 1024, "tile does not fit in shared memory");
   static_assert(!kDirect || 2 * (kBytes + 1024) <= 228 * 1024, "two CTAs must fit an SM");
 };
@@ -100,10 +116,10 @@ __device__ __forceinline__ TokenAddr token_addr(const DecodeParams& p, const Wor
 }
 
 // Issue the cp.async copies of block `blk` into stage `stage`; 4 threads per token.
-template <KvFormat F, int MT>
+template <KvFormat F, int MT, bool D>
 __device__ __forceinline__ void load_block(const DecodeParams& p, const WorkTile& t, int q_token,
                                            std::uint8_t* smem, int blk, int stage) {
-  using S = Smem<F, MT>;
+  using S = Smem<F, MT, D>;
   const int tok = threadIdx.x / 4, sub = threadIdx.x % 4;
   const int j = t.kv_begin + blk * kBlockN + tok;
   TokenAddr a{nullptr, nullptr};
@@ -130,6 +146,18 @@ __device__ __forceinline__ void load_block(const DecodeParams& p, const WorkTile
   }
 }
 
+// 16 e4m3 codes -> 16 fp16 values at dst (exact; the per-tensor scale is applied later).
+__device__ __forceinline__ void dequantize16_f16(uint4 codes, std::uint8_t* dst) {
+  uint4 a, b;
+  fp8x4_to_half2x2(codes.x, a.x, a.y);
+  fp8x4_to_half2x2(codes.y, a.z, a.w);
+  fp8x4_to_half2x2(codes.z, b.x, b.y);
+  fp8x4_to_half2x2(codes.w, b.z, b.w);
+  uint4* d = reinterpret_cast<uint4*>(dst);
+  d[0] = a;
+  d[1] = b;
+}
+
 // 16 e4m3 codes times a (power-of-two) scale -> 16 bf16 values at dst (exact).
 __device__ __forceinline__ void dequantize16(uint4 codes, float scale, std::uint8_t* dst) {
   const std::uint32_t w[4] = {codes.x, codes.y, codes.z, codes.w};
@@ -148,10 +176,10 @@ __device__ __forceinline__ void dequantize16(uint4 codes, float scale, std::uint
 
 // kDirect: load block `blk` from global memory (all of a thread's loads in flight first) and
 // write it dequantized into the bf16 tile, with the token flags. 4 threads per token.
-template <KvFormat F, int MT>
+template <KvFormat F, int MT, bool D>
 __device__ __forceinline__ void load_dequantize_block(const DecodeParams& p, const WorkTile& t,
                                                       int q_token, std::uint8_t* smem, int blk) {
-  using S = Smem<F, MT>;
+  using S = Smem<F, MT, D>;
   constexpr int kChunks = F == KvFormat::fp8_e4m3 ? 9 : 10;  // 36 or 40 chunks / 4 threads
   const int tok = threadIdx.x / 4, sub = threadIdx.x % 4;
   const int j = t.kv_begin + blk * kBlockN + tok;
@@ -181,6 +209,8 @@ __device__ __forceinline__ void load_dequantize_block(const DecodeParams& p, con
     const int c = sub + 4 * i;
     if (F == KvFormat::fp8_e4m3_block && c >= 32) {
       *reinterpret_cast<uint4*>(row + 2 * (512 + 8 * (c - 32))) = v[i];  // bf16 rope as is
+    } else if constexpr (half_mma(F)) {
+      dequantize16_f16(v[i], row + 2 * 16 * c);
     } else {
       dequantize16(v[i], scale[i], row + 2 * 16 * c);
     }
@@ -188,9 +218,9 @@ __device__ __forceinline__ void load_dequantize_block(const DecodeParams& p, con
 }
 
 // Dequantize the staged block into the bf16 tile.
-template <KvFormat F, int MT>
+template <KvFormat F, int MT, bool D>
 __device__ __forceinline__ void dequantize_block(std::uint8_t* smem, int stage) {
-  using S = Smem<F, MT>;
+  using S = Smem<F, MT, D>;
   const std::uint8_t* raw = smem + S::kRaw + stage * S::kRawBytes;
   std::uint8_t* tile = smem + S::kTile;
   constexpr int kItems = F == KvFormat::fp8_e4m3 ? 36 : 40;  // 16-code chunks (+ 8 rope chunks)
@@ -204,6 +234,10 @@ __device__ __forceinline__ void dequantize_block(std::uint8_t* smem, int stage) 
       continue;
     }
     const std::uint8_t* src = raw + tok * raw_token_bytes(F) + 16 * c;
+    if constexpr (half_mma(F)) {
+      dequantize16_f16(*reinterpret_cast<const uint4*>(src), dst_row + 2 * 16 * c);
+      continue;
+    }
     float scale = 1.0f;
     if constexpr (F == KvFormat::fp8_e4m3_block) {
       scale = *reinterpret_cast<const float*>(raw + tok * 656 + 512 + 4 * (c / 8));
@@ -212,13 +246,78 @@ __device__ __forceinline__ void dequantize_block(std::uint8_t* smem, int stage) 
   }
 }
 
+// Q rows of the tile into shared memory in the tensor cores' input type, zero rows past the
+// tile. fp16 tiles scale row r by 2^e_r with max|q_r| * 2^e_r in [2^14, 2^15): exact for every
+// bf16 value above max|q_r| * 2^-29 (smaller ones round at 2^-25 of the row maximum), and
+// kQInv holds 2^-e_r for the scores. Ends with a barrier.
+template <KvFormat F, int MT, bool D>
+__device__ __forceinline__ void load_q(const DecodeParams& p, const WorkTile& t, int q_first,
+                                       std::uint8_t* smem) {
+  using S = Smem<F, MT, D>;
+  constexpr int kRows = S::kRows;
+  const int rows = t.q_count * t.head_count;
+  auto q_chunk = [&](int r, int c) {  // 8 bf16 values of row r, chunk c of 72
+    if (r >= rows) return make_uint4(0, 0, 0, 0);
+    const std::int64_t tok = q_first + r / t.head_count, h = t.head_begin + r % t.head_count;
+    const __nv_bfloat16* src =
+        c < 64 ? p.q_nope + tok * p.q_nope_stride[0] + h * p.q_nope_stride[1] + 8 * c
+               : p.q_pe + tok * p.q_pe_stride[0] + h * p.q_pe_stride[1] + 8 * (c - 64);
+    return *reinterpret_cast<const uint4*>(src);
+  };
+  std::uint8_t* q_s = smem + S::kQ;
+  if constexpr (!half_mma(F)) {
+    for (int i = threadIdx.x; i < kRows * 72; i += kThreads) {
+      const int r = i / 72, c = i % 72;
+      *reinterpret_cast<uint4*>(q_s + 2 * (r * kRowElems + 8 * c)) = q_chunk(r, c);
+    }
+    __syncthreads();
+    return;
+  }
+  // |x| of non-negative floats orders like their bit patterns (NaN above inf).
+  auto* amax = reinterpret_cast<unsigned*>(smem + S::kQAmax);
+  auto* inv = reinterpret_cast<float*>(smem + S::kQInv);
+  for (int r = threadIdx.x; r < kRows; r += kThreads) amax[r] = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < kRows * 72; i += kThreads) {
+    const int r = i / 72, c = i % 72;
+    const uint4 v = q_chunk(r, c);
+    const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    std::uint32_t m = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) m = max(m, max(w[k] & 0x7fffu, (w[k] >> 16) & 0x7fffu));
+    if (r < rows) atomicMax(&amax[r], m << 16);  // bf16 bits -> float bits
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < kRows * 72; i += kThreads) {
+    const int r = i / 72, c = i % 72;
+    const float a = __uint_as_float(amax[r]);
+    int e = 0;
+    if (a > 0.0f && a <= FLT_MAX) {
+      frexpf(a, &e);  // a in [2^(e-1), 2^e)
+      e = min(max(15 - e, -120), 120);
+    }
+    const float scale = ldexpf(1.0f, e);
+    if (c == 0) inv[r] = ldexpf(1.0f, -e);
+    const uint4 v = q_chunk(r, c);
+    const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    std::uint32_t h[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 f = unpack2<false>(w[k]);
+      h[k] = float2_to_half2(f.x * scale, f.y * scale);
+    }
+    *reinterpret_cast<uint4*>(q_s + 2 * (r * kRowElems + 8 * c)) = make_uint4(h[0], h[1], h[2], h[3]);
+  }
+  __syncthreads();
+}
+
 }  // namespace decode
 
-template <KvFormat F, int MT>
-__global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlocks)
+template <KvFormat F, int MT, bool D>
+__global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT, D>::kMinBlocks)
     mla_decode_kernel(const DecodeParams p) {
   using namespace decode;
-  using S = Smem<F, MT>;
+  using S = Smem<F, MT, D>;
   constexpr int kRows = S::kRows;
   constexpr int kStages = S::kStages;
   if (static_cast<int>(blockIdx.x) >= *p.num_tiles) return;
@@ -235,30 +334,18 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
 #pragma unroll
   for (int s = 0; s < kStages; ++s) {
     if constexpr (!S::kDirect) {
-      if (s < n_blocks) load_block<F, MT>(p, t, q_first, smem, s, s);
+      if (s < n_blocks) load_block<F, MT, D>(p, t, q_first, smem, s, s);
       cp_async_commit();
     }
   }
-  __nv_bfloat16* q_s = reinterpret_cast<__nv_bfloat16*>(smem + S::kQ);
-  for (int i = threadIdx.x; i < kRows * 72; i += kThreads) {
-    const int r = i / 72, c = i % 72;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (r < rows) {
-      const std::int64_t tok = q_first + r / t.head_count, h = t.head_begin + r % t.head_count;
-      const __nv_bfloat16* src =
-          c < 64 ? p.q_nope + tok * p.q_nope_stride[0] + h * p.q_nope_stride[1] + 8 * c
-                 : p.q_pe + tok * p.q_pe_stride[0] + h * p.q_pe_stride[1] + 8 * (c - 64);
-      v = *reinterpret_cast<const uint4*>(src);
-    }
-    *reinterpret_cast<uint4*>(q_s + r * kRowElems + 8 * c) = v;
-  }
+  load_q<F, MT, D>(p, t, q_first, smem);
+  const std::uint16_t* q_s = reinterpret_cast<const std::uint16_t*>(smem + S::kQ);
   // One m-tile: each warp keeps all of Q's A fragments (36 k-steps x 4 registers) so the S
   // phase stops re-reading Q from shared memory (it was a third of the smem traffic).
   constexpr bool kQInRegs = MT == 1 && !S::kDirect;  // kDirect needs <= 128 registers
   constexpr int kChains = MT == 1 ? 2 : 1;
   std::uint32_t q_frag[kQInRegs ? 36 : 1][4];
   if constexpr (kQInRegs) {
-    __syncthreads();
 #pragma unroll
     for (int k = 0; k < 36; ++k)
       ldmatrix_x4(q_frag[k], q_s + (lane % 16) * kRowElems + (lane / 16) * 8 + 16 * k);
@@ -287,14 +374,23 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
                                                     : INT32_MAX;
     }
 
-  __nv_bfloat16* p_s = reinterpret_cast<__nv_bfloat16*>(smem + S::kP);
+  std::uint16_t* p_s = reinterpret_cast<std::uint16_t*>(smem + S::kP);
+  constexpr bool kHalf = half_mma(F);
+  // Undoes the per-row scaling of fp16 Q (1 otherwise).
+  float q_inv[MT][2];
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      q_inv[m][h] =
+          kHalf ? reinterpret_cast<const float*>(smem + S::kQInv)[16 * m + lane / 4 + 8 * h] : 1.0f;
   float* red_max = reinterpret_cast<float*>(smem + S::kRedMax);
   float* red_sum = reinterpret_cast<float*>(smem + S::kRedSum);
 
   for (int blk = 0; blk < n_blocks; ++blk) {
     const int stage = blk % kStages;
     if constexpr (S::kDirect) {
-      load_dequantize_block<F, MT>(p, t, q_first, smem, blk);  // the tile is free (see below)
+      load_dequantize_block<F, MT, D>(p, t, q_first, smem, blk);  // the tile is free (see below)
     } else {
       cp_async_wait<kStages - 1>();
     }
@@ -304,13 +400,13 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
     const std::uint8_t* flags = smem + S::kFlags + stage * kBlockN;
     const bool tok_ok[2] = {flags[tok0] != 0, flags[tok0 + 1] != 0};
     if constexpr (F != KvFormat::bf16 && !S::kDirect) {
-      dequantize_block<F, MT>(smem, stage);
+      dequantize_block<F, MT, D>(smem, stage);
       __syncthreads();
       // The raw stage is free again: refill it with the block kStages ahead.
-      if (blk + kStages < n_blocks) load_block<F, MT>(p, t, q_first, smem, blk + kStages, stage);
+      if (blk + kStages < n_blocks) load_block<F, MT, D>(p, t, q_first, smem, blk + kStages, stage);
       cp_async_commit();
     }
-    const __nv_bfloat16* k_s = reinterpret_cast<const __nv_bfloat16*>(
+    const std::uint16_t* k_s = reinterpret_cast<const std::uint16_t*>(
         smem + S::kTile + (S::kTiles > 1 ? stage : 0) * S::kTileBytes);
 
     // ---- S = Q K^T for tokens [8 warp, 8 warp + 8) ----
@@ -323,7 +419,7 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
       for (int m = 0; m < MT; ++m)
 #pragma unroll
         for (int i = 0; i < 4; ++i) s_nope[c][m][i] = s_pe[c][m][i] = 0.0f;
-    const __nv_bfloat16* k_row = k_s + (8 * warp + lane % 8) * kRowElems + (lane / 8) * 8;
+    const std::uint16_t* k_row = k_s + (8 * warp + lane % 8) * kRowElems + (lane / 8) * 8;
     // Two k-steps (32 dims) per ldmatrix.x4 of K; the nope and rope parts keep separate
     // accumulators so a per-tensor fp8 cache can scale them differently.
     auto qk_steps = [&](float(&acc)[kChains][MT][4], int k) {
@@ -332,15 +428,15 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
 #pragma unroll
       for (int m = 0; m < MT; ++m) {
         if constexpr (kQInRegs) {
-          mma_bf16_16816(acc[0][m], q_frag[k], b[0], b[1]);
-          mma_bf16_16816(acc[kChains - 1][m], q_frag[k + 1], b[2], b[3]);
+          mma_16816<kHalf>(acc[0][m], q_frag[k], b[0], b[1]);
+          mma_16816<kHalf>(acc[kChains - 1][m], q_frag[k + 1], b[2], b[3]);
         } else {
           std::uint32_t a0[4], a1[4];
-          const __nv_bfloat16* q_row = q_s + (16 * m + lane % 16) * kRowElems + (lane / 16) * 8;
+          const std::uint16_t* q_row = q_s + (16 * m + lane % 16) * kRowElems + (lane / 16) * 8;
           ldmatrix_x4(a0, q_row + 16 * k);
           ldmatrix_x4(a1, q_row + 16 * (k + 1));
-          mma_bf16_16816(acc[0][m], a0, b[0], b[1]);
-          mma_bf16_16816(acc[kChains - 1][m], a1, b[2], b[3]);
+          mma_16816<kHalf>(acc[0][m], a0, b[0], b[1]);
+          mma_16816<kHalf>(acc[kChains - 1][m], a1, b[2], b[3]);
         }
       }
     };
@@ -372,7 +468,8 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
       for (int i = 0; i < 4; ++i) {
         const int h = i / 2, j = j0 + (i % 2);
         const bool ok = tok_ok[i % 2] && j <= row_limit[m][h];
-        s[m][i] = ok ? s_nope[0][m][i] * p.scale_nope + s_pe[0][m][i] * p.scale_pe : -INFINITY;
+        s[m][i] = ok ? (s_nope[0][m][i] * p.scale_nope + s_pe[0][m][i] * p.scale_pe) * q_inv[m][h]
+                     : -INFINITY;
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -398,10 +495,11 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
         alpha[m][h] = exp2f(row_max[m][h] - base);
         row_max[m][h] = mx;
         const float p0 = exp2f(s[m][2 * h] - base), p1 = exp2f(s[m][2 * h + 1] - base);
-        const __nv_bfloat162 pb = __floats2bfloat162_rn(p0, p1);
-        *reinterpret_cast<__nv_bfloat162*>(p_s + r * kPElems + tok0) = pb;
-        // Sum what the tensor cores will multiply (the bf16-rounded p), so o / l stays exact.
-        float sum = __low2float(pb) + __high2float(pb);
+        const std::uint32_t pb = kHalf ? float2_to_half2(p0, p1) : float2_to_bf16x2(p0, p1);
+        *reinterpret_cast<std::uint32_t*>(p_s + r * kPElems + tok0) = pb;
+        // Sum what the tensor cores will multiply (the rounded p), so o / l stays exact.
+        const float2 pr = unpack2<kHalf>(pb);
+        float sum = pr.x + pr.y;
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
         if (lane % 4 == 0) red_sum[warp * kRows + r] = sum;
@@ -437,14 +535,14 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
         ldmatrix_x4_trans(b, k_s + v_tok * kRowElems + 64 * warp + 16 * np + (lane / 16) * 8);
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
-          mma_bf16_16816(o[m][2 * np], a[m], b[0], b[1]);
-          mma_bf16_16816(o[m][2 * np + 1], a[m], b[2], b[3]);
+          mma_16816<kHalf>(o[m][2 * np], a[m], b[0], b[1]);
+          mma_16816<kHalf>(o[m][2 * np + 1], a[m], b[2], b[3]);
         }
       }
     }
     __syncthreads();  // the tile, P and the reductions are rewritten next block
     if constexpr (F == KvFormat::bf16) {
-      if (blk + kStages < n_blocks) load_block<F, MT>(p, t, q_first, smem, blk + kStages, stage);
+      if (blk + kStages < n_blocks) load_block<F, MT, D>(p, t, q_first, smem, blk + kStages, stage);
       cp_async_commit();
     }
   }

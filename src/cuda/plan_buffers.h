@@ -32,4 +32,9 @@ struct CudaPlanBuffers {
   float* partial_lse = nullptr;            // [cap_partial_rows]
 };
 
+// 16-row m-tiles of the kernel that runs tiles of up to `rows` rows.
+inline int row_tiles_for(int rows) {
+  return rows <= 16 ? 1 : rows <= 32 ? 2 : 4;
+}
+
 }  // namespace fp8mla::detail

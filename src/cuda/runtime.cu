@@ -86,10 +86,6 @@ void upload(T* dst, const std::vector<T>& src, std::int64_t cap, const char* wha
   if (!src.empty()) cuda_copy_to_device(dst, src.data(), src.size() * sizeof(T));
 }
 
-int row_tiles_for(int rows) {
-  return rows <= 16 ? 1 : rows <= 32 ? 2 : 4;
-}
-
 }  // namespace
 
 void cuda_upload_plan(PlanState& plan) {

@@ -153,7 +153,7 @@ void expect_valid_partition(const Plan& p) {
     }
   }
   EXPECT_EQ(s.partial_rows, partial_next);
-  const std::int64_t target = static_cast<std::int64_t>(s.sm_count) * s.options.ctas_per_sm;
+  const std::int64_t target = static_cast<std::int64_t>(s.sm_count) * s.ctas_per_sm;
   EXPECT_LE(static_cast<std::int64_t>(p.tiles().size()), target + groups(p));
 }
 
@@ -262,14 +262,38 @@ TEST(PlanSplit, SingleLongRequestFillsTheMachine) {
 
 TEST(PlanSplit, SplitsAreAlignedAndNearEqual) {
   Batch b;
+  b.add(1, 4100);
+  // min_chunk 1024: the cheapest chunk cuts 4100 tokens into 5 splits, balanced to
+  // round_up(ceil(4100 / 5), 64) = 832 tokens instead of 4 x 1024 + 4.
+  const Plan p = plan(b.problem(), units(132, 1, 1024));
+  ASSERT_EQ(p.num_splits()[0], 5);
+  ASSERT_EQ(p.tiles().size(), 5u);
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(key(p.tiles()[i]), key(WorkTile{0, 0, 1, 0, 8, 832 * i, 832 * (i + 1), i}));
+  EXPECT_EQ(key(p.tiles()[4]), key(WorkTile{0, 0, 1, 0, 8, 3328, 4100, 4}));
+}
+
+TEST(PlanSplit, ShortRequestsAreNotSplit) {
+  // 300 tokens on 132 units: two 192-token splits plus a merge cost more than one tile.
+  Batch b;
   b.add(1, 300);
-  // chunk = max(256, ceil(300 / 264)) = 256 gives 2 splits; they are balanced to
-  // round_up(ceil(300 / 2), 64) = 192 tokens instead of 256 + 44.
   const Plan p = plan(b.problem(), units(132));
-  ASSERT_EQ(p.num_splits()[0], 2);
-  ASSERT_EQ(p.tiles().size(), 2u);
-  EXPECT_EQ(key(p.tiles()[0]), key(WorkTile{0, 0, 1, 0, 8, 0, 192, 0}));
-  EXPECT_EQ(key(p.tiles()[1]), key(WorkTile{0, 0, 1, 0, 8, 192, 300, 1}));
+  ASSERT_EQ(p.tiles().size(), 1u);
+  EXPECT_EQ(key(p.tiles()[0]), key(WorkTile{0, 0, 1, 0, 8, 0, 300, -1}));
+}
+
+TEST(PlanSplit, TilesFillWholeWaves) {
+  // 128 requests of 8192 tokens on 132 units x 2: c_min = 4032 would give 3 splits each
+  // (384 tiles, 1.45 waves); the planner takes 2 splits (256 tiles, one wave).
+  Batch b;
+  for (int r = 0; r < 128; ++r) b.add(1, 8192);
+  const Plan p = plan(b.problem(), units(132, 2));
+  EXPECT_EQ(p.tiles().size(), 256u);
+  for (std::int32_t n : p.num_splits()) EXPECT_EQ(n, 2);
+  // One CTA per SM: one wave of whole requests.
+  const Plan q = plan(b.problem(), units(132, 1));
+  EXPECT_EQ(q.tiles().size(), 128u);
+  EXPECT_EQ(q.partial_rows(), 0);
 }
 
 TEST(PlanSplit, NoSplitWhenTheBatchFillsTheTarget) {

@@ -225,7 +225,7 @@ TEST(ValidationPlan, Options) {
   };
   const Case cases[] = {
       {[](PlanOptions& o) { o.sm_count = -1; }, "options.sm_count"},
-      {[](PlanOptions& o) { o.ctas_per_sm = 0; }, "options.ctas_per_sm"},
+      {[](PlanOptions& o) { o.ctas_per_sm = -1; }, "options.ctas_per_sm"},
       {[](PlanOptions& o) { o.min_chunk_tokens = 0; }, "options.min_chunk_tokens"},
       {[](PlanOptions& o) { o.num_threads = -2; }, "options.num_threads"},
   };
