@@ -1,12 +1,12 @@
 // Launchers: run() on a CUDA plan (decode kernel + split-KV merge) and merge_states().
 #include <array>
 #include <cmath>
-#include <cstdlib>
 #include <mutex>
 
 #include "src/core/backend.h"
 #include "src/core/check.h"
 #include "src/cuda/cuda_util.cuh"
+#include "src/cuda/decode_fp8_kernel.cuh"
 #include "src/cuda/decode_kernel.cuh"
 #include "src/cuda/plan_buffers.h"
 
@@ -116,31 +116,25 @@ struct KernelEntry {
   DecodeFn fn;
   int smem;
 };
-template <KvFormat F, int MT, bool D = F != KvFormat::bf16 && MT == 1>
+template <KvFormat F, int MT>
 constexpr KernelEntry entry() {
-  return {&mla_decode_kernel<F, MT, D>, decode::Smem<F, MT, D>::kBytes};
+  return {&mla_decode_kernel<F, MT>, decode::Smem<F, MT>::kBytes};
 }
 constexpr int row_tile_index(int mt) {
   return mt == 1 ? 0 : mt == 2 ? 1 : 2;
 }
-// Columns: 1, 2, 4 m-tiles with the default loads (fp8 x 1 m-tile: direct), then 1 m-tile staged
-// through cp.async (FP8MLA_DECODE_STAGED=1 picks it for fp8: a bench/NOTES.md experiment).
-const std::array<std::array<KernelEntry, 4>, 3> kDecodeKernels = {{
-    {entry<KvFormat::bf16, 1>(), entry<KvFormat::bf16, 2>(), entry<KvFormat::bf16, 4>(),
-     entry<KvFormat::bf16, 1>()},
-    {entry<KvFormat::fp8_e4m3, 1>(), entry<KvFormat::fp8_e4m3, 2>(),
-     entry<KvFormat::fp8_e4m3, 4>(), entry<KvFormat::fp8_e4m3, 1, false>()},
+// fp8_e4m3 with one m-tile (<= 16 rows: the bandwidth targets) has its own kernel
+// (decode_fp8_kernel.cuh); the rest share the shared-memory-tile kernel.
+const std::array<std::array<KernelEntry, 3>, 3> kDecodeKernels = {{
+    {entry<KvFormat::bf16, 1>(), entry<KvFormat::bf16, 2>(), entry<KvFormat::bf16, 4>()},
+    {KernelEntry{&mla_decode_fp8_kernel, fp8frag::kSmemBytes}, entry<KvFormat::fp8_e4m3, 2>(),
+     entry<KvFormat::fp8_e4m3, 4>()},
     {entry<KvFormat::fp8_e4m3_block, 1>(), entry<KvFormat::fp8_e4m3_block, 2>(),
-     entry<KvFormat::fp8_e4m3_block, 4>(), entry<KvFormat::fp8_e4m3_block, 1, false>()},
+     entry<KvFormat::fp8_e4m3_block, 4>()},
 }};
 
 const KernelEntry& decode_kernel(KvFormat format, int row_tiles) {
-  static const bool staged = [] {
-    const char* v = std::getenv("FP8MLA_DECODE_STAGED");
-    return v != nullptr && v[0] == '1';
-  }();
-  const int column = staged && row_tiles == 1 ? 3 : row_tile_index(row_tiles);
-  return kDecodeKernels[static_cast<int>(format)][column];
+  return kDecodeKernels[static_cast<int>(format)][row_tile_index(row_tiles)];
 }
 
 // Raises each kernel's dynamic shared-memory limit once per process (and device).

@@ -49,7 +49,7 @@ constexpr int raw_token_bytes(KvFormat f) {
 
 // Shared-memory plan of one instantiation. bf16 caches are staged straight into the bf16 tile
 // (kStages tiles); fp8 caches keep kStages raw staging buffers and one dequantized tile.
-template <KvFormat F, int MT, bool D>
+template <KvFormat F, int MT>
 struct Smem {
   static constexpr int kRows = 16 * MT;
   static constexpr int kQBytes = kRows * kRowElems * 2;
@@ -62,8 +62,7 @@ struct Smem {
   // fp8 tiles of <= 16 rows load and dequantize straight from global memory into the bf16 tile
   // (no raw staging): ~98 KB and <= 128 registers let two CTAs share an SM, so one CTA's loads
   // overlap the other's math. v2 ran 1 CTA (8 warps) per SM and ncu showed it latency bound.
-  static constexpr bool kDirect = D;
-  static_assert(!D || (F != KvFormat::bf16 && MT == 1), "direct loads are for fp8 and <= 16 rows");
+  static constexpr bool kDirect = F != KvFormat::bf16 && MT == 1;
   static constexpr int kMinBlocks = kDirect ? 2 : 1;
   static constexpr int fixed() { return kQBytes + kPBytes + kRedBytes + kFlagBytes + kQAuxBytes; }
   static constexpr int bytes_for(int stages) {
@@ -116,10 +115,10 @@ __device__ __forceinline__ TokenAddr token_addr(const DecodeParams& p, const Wor
 }
 
 // Issue the cp.async copies of block `blk` into stage `stage`; 4 threads per token.
-template <KvFormat F, int MT, bool D>
+template <KvFormat F, int MT>
 __device__ __forceinline__ void load_block(const DecodeParams& p, const WorkTile& t, int q_token,
                                            std::uint8_t* smem, int blk, int stage) {
-  using S = Smem<F, MT, D>;
+  using S = Smem<F, MT>;
   const int tok = threadIdx.x / 4, sub = threadIdx.x % 4;
   const int j = t.kv_begin + blk * kBlockN + tok;
   TokenAddr a{nullptr, nullptr};
@@ -176,10 +175,10 @@ __device__ __forceinline__ void dequantize16(uint4 codes, float scale, std::uint
 
 // kDirect: load block `blk` from global memory (all of a thread's loads in flight first) and
 // write it dequantized into the bf16 tile, with the token flags. 4 threads per token.
-template <KvFormat F, int MT, bool D>
+template <KvFormat F, int MT>
 __device__ __forceinline__ void load_dequantize_block(const DecodeParams& p, const WorkTile& t,
                                                       int q_token, std::uint8_t* smem, int blk) {
-  using S = Smem<F, MT, D>;
+  using S = Smem<F, MT>;
   constexpr int kChunks = F == KvFormat::fp8_e4m3 ? 9 : 10;  // 36 or 40 chunks / 4 threads
   const int tok = threadIdx.x / 4, sub = threadIdx.x % 4;
   const int j = t.kv_begin + blk * kBlockN + tok;
@@ -218,9 +217,9 @@ __device__ __forceinline__ void load_dequantize_block(const DecodeParams& p, con
 }
 
 // Dequantize the staged block into the bf16 tile.
-template <KvFormat F, int MT, bool D>
+template <KvFormat F, int MT>
 __device__ __forceinline__ void dequantize_block(std::uint8_t* smem, int stage) {
-  using S = Smem<F, MT, D>;
+  using S = Smem<F, MT>;
   const std::uint8_t* raw = smem + S::kRaw + stage * S::kRawBytes;
   std::uint8_t* tile = smem + S::kTile;
   constexpr int kItems = F == KvFormat::fp8_e4m3 ? 36 : 40;  // 16-code chunks (+ 8 rope chunks)
@@ -250,10 +249,10 @@ __device__ __forceinline__ void dequantize_block(std::uint8_t* smem, int stage) 
 // tile. fp16 tiles scale row r by 2^e_r with max|q_r| * 2^e_r in [2^14, 2^15): exact for every
 // bf16 value above max|q_r| * 2^-29 (smaller ones round at 2^-25 of the row maximum), and
 // kQInv holds 2^-e_r for the scores. Ends with a barrier.
-template <KvFormat F, int MT, bool D>
+template <KvFormat F, int MT>
 __device__ __forceinline__ void load_q(const DecodeParams& p, const WorkTile& t, int q_first,
                                        std::uint8_t* smem) {
-  using S = Smem<F, MT, D>;
+  using S = Smem<F, MT>;
   constexpr int kRows = S::kRows;
   const int rows = t.q_count * t.head_count;
   auto q_chunk = [&](int r, int c) {  // 8 bf16 values of row r, chunk c of 72
@@ -313,11 +312,11 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const WorkTile& t,
 
 }  // namespace decode
 
-template <KvFormat F, int MT, bool D>
-__global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT, D>::kMinBlocks)
+template <KvFormat F, int MT>
+__global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlocks)
     mla_decode_kernel(const DecodeParams p) {
   using namespace decode;
-  using S = Smem<F, MT, D>;
+  using S = Smem<F, MT>;
   constexpr int kRows = S::kRows;
   constexpr int kStages = S::kStages;
   if (static_cast<int>(blockIdx.x) >= *p.num_tiles) return;
@@ -334,11 +333,11 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT, D>::kMin
 #pragma unroll
   for (int s = 0; s < kStages; ++s) {
     if constexpr (!S::kDirect) {
-      if (s < n_blocks) load_block<F, MT, D>(p, t, q_first, smem, s, s);
+      if (s < n_blocks) load_block<F, MT>(p, t, q_first, smem, s, s);
       cp_async_commit();
     }
   }
-  load_q<F, MT, D>(p, t, q_first, smem);
+  load_q<F, MT>(p, t, q_first, smem);
   const std::uint16_t* q_s = reinterpret_cast<const std::uint16_t*>(smem + S::kQ);
   // One m-tile: each warp keeps all of Q's A fragments (36 k-steps x 4 registers) so the S
   // phase stops re-reading Q from shared memory (it was a third of the smem traffic).
@@ -390,7 +389,7 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT, D>::kMin
   for (int blk = 0; blk < n_blocks; ++blk) {
     const int stage = blk % kStages;
     if constexpr (S::kDirect) {
-      load_dequantize_block<F, MT, D>(p, t, q_first, smem, blk);  // the tile is free (see below)
+      load_dequantize_block<F, MT>(p, t, q_first, smem, blk);  // the tile is free (see below)
     } else {
       cp_async_wait<kStages - 1>();
     }
@@ -400,10 +399,10 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT, D>::kMin
     const std::uint8_t* flags = smem + S::kFlags + stage * kBlockN;
     const bool tok_ok[2] = {flags[tok0] != 0, flags[tok0 + 1] != 0};
     if constexpr (F != KvFormat::bf16 && !S::kDirect) {
-      dequantize_block<F, MT, D>(smem, stage);
+      dequantize_block<F, MT>(smem, stage);
       __syncthreads();
       // The raw stage is free again: refill it with the block kStages ahead.
-      if (blk + kStages < n_blocks) load_block<F, MT, D>(p, t, q_first, smem, blk + kStages, stage);
+      if (blk + kStages < n_blocks) load_block<F, MT>(p, t, q_first, smem, blk + kStages, stage);
       cp_async_commit();
     }
     const std::uint16_t* k_s = reinterpret_cast<const std::uint16_t*>(
@@ -542,7 +541,7 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT, D>::kMin
     }
     __syncthreads();  // the tile, P and the reductions are rewritten next block
     if constexpr (F == KvFormat::bf16) {
-      if (blk + kStages < n_blocks) load_block<F, MT, D>(p, t, q_first, smem, blk + kStages, stage);
+      if (blk + kStages < n_blocks) load_block<F, MT>(p, t, q_first, smem, blk + kStages, stage);
       cp_async_commit();
     }
   }

@@ -1,0 +1,320 @@
+// The fp8_e4m3 decode kernel for tiles of <= 16 rows (heads x query tokens): the bandwidth
+// targets. One CTA (8 warps) per WorkTile, like decode_kernel.cuh, but nothing is dequantized
+// into a shared-memory tile: v1-v4 spent ~300 KB of shared-memory traffic per 64-token block
+// (36.9 KB from HBM) staging, dequantizing and re-reading a 16-bit tile, and ran at the same
+// time per token for fp8 and bf16 caches (bench/NOTES.md, v5). Here:
+//   * cp.async copies the raw 576-byte tokens, kStages - 1 blocks ahead, into rows of kPitch
+//     bytes (the pitch makes both fragment reads below bank-conflict free);
+//   * S = Q K^T: each thread reads 16 code bytes of its token per 4 k-steps and converts them
+//     (one cvt.rn.f16x2.e4m3x2 per pair, exact) straight into mma B fragments; the head dims are
+//     permuted so those 16 bytes are contiguous, and Q's fragments (fp16, scaled per row by a
+//     power of two, loaded once from global memory in the same permutation) stay in registers;
+//   * O += P V: V's B fragments pair two tokens' codes of one column, built with byte permutes
+//     from 8-byte reads; the output columns are permuted so each thread ends up owning 16
+//     contiguous columns of its two rows;
+//   * P goes through shared memory (fp16, 2 KB); the row max is exchanged between warps once per
+//     block, the row sums only at the end.
+// Shared-memory traffic per block: 37 KB of copies, 37 KB of K reads, 32 KB of V reads, ~18 KB
+// of P: ~125 KB instead of ~300 KB.
+#pragma once
+
+#include <cfloat>
+#include <cstdint>
+
+#include "src/cuda/cuda_util.cuh"
+#include "src/cuda/decode_kernel.cuh"
+#include "src/cuda/decode_params.h"
+
+namespace fp8mla::detail {
+
+namespace fp8frag {
+
+inline constexpr int kThreads = 256;
+inline constexpr int kWarps = 8;
+inline constexpr int kBlockN = 64;  // cache tokens per block
+inline constexpr int kRows = 16;
+inline constexpr int kStages = 4;
+// 576 code bytes + 16: token stride = 80 (mod 128) bytes, so the 4 tokens of one V read hit 4
+// different 32-byte bank windows, and the 2 tokens of a K read quarter-warp (t and t + 4) are 64
+// bytes apart.
+inline constexpr int kPitch = 592;
+inline constexpr int kStageBytes = kBlockN * kPitch;
+inline constexpr int kPElems = kBlockN + 8;  // fp16 P row pitch: ldmatrix conflict-free
+inline constexpr int kRaw = 0;
+inline constexpr int kP = kRaw + kStages * kStageBytes;
+inline constexpr int kRed = kP + kRows * kPElems * 2;
+inline constexpr int kFlags = kRed + kWarps * kRows * 4;
+inline constexpr int kSmemBytes = kFlags + kStages * kBlockN;
+static_assert(kSmemBytes <= 227 * 1024, "stages do not fit in shared memory");
+
+// cp.async of block `blk` into `stage`: 4 threads per token, 9 x 16 bytes each.
+__device__ __forceinline__ void load_block(const DecodeParams& p, const WorkTile& t, int q_token,
+                                           std::uint8_t* smem, int blk, int stage) {
+  const int tok = threadIdx.x / 4, sub = threadIdx.x % 4;
+  const int j = t.kv_begin + blk * kBlockN + tok;
+  decode::TokenAddr a{nullptr, nullptr};
+  if (j < t.kv_end) a = decode::token_addr(p, t, q_token, j);
+  const bool valid = a.ckv != nullptr;
+  if (sub == 0) smem[kFlags + stage * kBlockN + tok] = valid ? 1 : 0;
+  std::uint8_t* dst = smem + kRaw + stage * kStageBytes + tok * kPitch;
+#pragma unroll
+  for (int c = sub; c < 36; c += 4) {
+    const std::uint8_t* src = c < 32 ? a.ckv + 16 * c : a.kpe + 16 * (c - 32);
+    cp_async_16(dst + 16 * c, valid ? src : p.ckv, valid);
+  }
+}
+
+// |x| of 8 bf16 values as the bits of a non-negative float (orders like the value; NaN above inf).
+__device__ __forceinline__ std::uint32_t abs_max_bits(uint4 v) {
+  const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  std::uint32_t m = 0;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) m = max(m, max(w[k] & 0x7fffu, (w[k] >> 16) & 0x7fffu));
+  return m << 16;
+}
+
+__device__ __forceinline__ std::uint32_t scale_to_half2(std::uint32_t bf16x2, float scale) {
+  const float2 f = unpack2<false>(bf16x2);
+  return float2_to_half2(f.x * scale, f.y * scale);
+}
+
+}  // namespace fp8frag
+
+__global__ void __launch_bounds__(fp8frag::kThreads, 1) mla_decode_fp8_kernel(const DecodeParams p) {
+  using namespace fp8frag;
+  if (static_cast<int>(blockIdx.x) >= *p.num_tiles) return;
+  extern __shared__ __align__(128) std::uint8_t smem[];
+  const WorkTile t = p.tiles[blockIdx.x];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, tq = lane % 4;  // mma fragment row group and thread in group
+  const int rows = t.q_count * t.head_count;
+  const int q_first = p.qo_indptr[t.request] + t.q_begin;
+  const int qo_len = p.qo_indptr[t.request + 1] - p.qo_indptr[t.request];
+  const int kv_len = p.topk > 0 ? 0 : p.kv_len[t.request];
+  const int n_blocks = (t.kv_end - t.kv_begin + kBlockN - 1) / kBlockN;
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < n_blocks) load_block(p, t, q_first, smem, s, s);
+    cp_async_commit();
+  }
+
+  // ---- Q fragments: rows g and g + 8, dims 64 i + 16 tq + [0, 16) for k-steps 4 i .. 4 i + 3 ----
+  // k-step 4 i + j pairs logical k (2 tq, 2 tq + 1) with dims +4 j, +4 j + 1 and
+  // (2 tq + 8, 2 tq + 9) with +4 j + 2, +4 j + 3: the layout of a 16-byte K read (below).
+  auto q_chunk = [&](int r, int i, int half) {  // 8 bf16 values
+    if (r >= rows) return make_uint4(0, 0, 0, 0);
+    const std::int64_t tok = q_first + r / t.head_count, h = t.head_begin + r % t.head_count;
+    const __nv_bfloat16* src =
+        i < 8 ? p.q_nope + tok * p.q_nope_stride[0] + h * p.q_nope_stride[1] + 64 * i
+              : p.q_pe + tok * p.q_pe_stride[0] + h * p.q_pe_stride[1];
+    return *reinterpret_cast<const uint4*>(src + 16 * tq + 8 * half);
+  };
+  float q_inv[2];
+  std::uint32_t qf[36][4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = g + 8 * h;
+    // Row scale 2^e with max|q| 2^e in [2^14, 2^15): exact for every bf16 value above 2^-29 of
+    // the row maximum; 2^-e is undone on the scores.
+    std::uint32_t m = 0;
+#pragma unroll
+    for (int i = 0; i < 9; ++i) m = max(m, max(abs_max_bits(q_chunk(r, i, 0)), abs_max_bits(q_chunk(r, i, 1))));
+    m = max(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = max(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    const float a = __uint_as_float(m);
+    int e = 0;
+    if (a > 0.0f && a <= FLT_MAX) {
+      frexpf(a, &e);  // a in [2^(e-1), 2^e)
+      e = min(max(15 - e, -120), 120);
+    }
+    const float scale = ldexpf(1.0f, e);
+    q_inv[h] = ldexpf(1.0f, -e);
+#pragma unroll
+    for (int i = 0; i < 9; ++i) {
+      const uint4 lo = q_chunk(r, i, 0), hi = q_chunk(r, i, 1);
+      const std::uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        qf[4 * i + j][h] = scale_to_half2(w[2 * j], scale);
+        qf[4 * i + j][h + 2] = scale_to_half2(w[2 * j + 1], scale);
+      }
+    }
+  }
+
+  // Causal bound of the thread's rows g, g + 8 (last visible token, inclusive).
+  int row_limit[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = g + 8 * h;
+    const int qi = t.q_begin + r / t.head_count;
+    row_limit[h] = r >= rows ? -1 : (p.topk == 0 && p.causal) ? kv_len - qo_len + qi : INT32_MAX;
+  }
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.0f, 0.0f};  // this thread's tokens only; summed over the CTA at the end
+  float o[8][4];
+#pragma unroll
+  for (int n = 0; n < 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+
+  std::uint16_t* p_s = reinterpret_cast<std::uint16_t*>(smem + kP);
+  float* red_max = reinterpret_cast<float*>(smem + kRed);
+  // The S-phase tokens of this thread (columns 2 tq, 2 tq + 1 of the warp's n-tile).
+  const int tok_a = 8 * warp + tq, tok_b = tok_a + 4;
+  // Its K-read token: n-tile column g holds token 8 warp + g / 2 + 4 (g % 2).
+  const int k_tok = 8 * warp + g / 2 + 4 * (g % 2);
+
+  for (int blk = 0; blk < n_blocks; ++blk) {
+    const int stage = blk % kStages;
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // block blk landed for all threads; block blk - 1 is done with
+    if (blk + kStages - 1 < n_blocks)
+      load_block(p, t, q_first, smem, blk + kStages - 1, (blk + kStages - 1) % kStages);
+    cp_async_commit();
+    const std::uint8_t* raw = smem + kRaw + stage * kStageBytes;
+    const std::uint8_t* flags = smem + kFlags + stage * kBlockN;
+
+    // ---- S = Q K^T for the warp's 8 tokens: 9 x 16-byte reads, 36 mma ----
+    float acc[2][4] = {}, acc_pe[4] = {};
+    const std::uint8_t* k_row = raw + k_tok * kPitch + 16 * tq;
+#pragma unroll
+    for (int i = 0; i < 9; ++i) {
+      const uint4 v = *reinterpret_cast<const uint4*>(k_row + 64 * i);
+      const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        std::uint32_t b0, b1;
+        fp8x4_to_half2x2(w[j], b0, b1);
+        mma_f16_16816(i < 8 ? acc[j % 2] : acc_pe, qf[4 * i + j], b0, b1);
+      }
+    }
+
+    // ---- scores, masks, row max over the block ----
+    const int j0 = t.kv_begin + blk * kBlockN;
+    const bool ok_a = flags[tok_a] != 0, ok_b = flags[tok_b] != 0;
+    float s[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int h = i / 2;
+      const bool b = i % 2 == 1;
+      const bool ok = (b ? ok_b : ok_a) && j0 + (b ? tok_b : tok_a) <= row_limit[h];
+      s[i] = ok ? ((acc[0][i] + acc[1][i]) * p.scale_nope + acc_pe[i] * p.scale_pe) * q_inv[h]
+                : -INFINITY;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = fmaxf(s[2 * h], s[2 * h + 1]);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      if (tq == 0) red_max[warp * kRows + g + 8 * h] = mx;
+    }
+    __syncthreads();
+
+    // ---- online softmax: P = exp2(s - m_new) into shared memory, rescale O and the sums ----
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = g + 8 * h;
+      float mx = row_max[h];
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, red_max[w * kRows + r]);
+      const float base = mx == -INFINITY ? 0.0f : mx;  // rows with nothing visible yet
+      const float alpha = exp2f(row_max[h] - base);
+      row_max[h] = mx;
+      const __half pa = __float2half_rn(exp2f(s[2 * h] - base));
+      const __half pb = __float2half_rn(exp2f(s[2 * h + 1] - base));
+      p_s[r * kPElems + tok_a] = __half_as_ushort(pa);
+      p_s[r * kPElems + tok_b] = __half_as_ushort(pb);
+      // Sum what the tensor cores multiply (the rounded p), so o / l stays exact.
+      row_sum[h] = row_sum[h] * alpha + (__half2float(pa) + __half2float(pb));
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        o[n][2 * h] *= alpha;
+        o[n][2 * h + 1] *= alpha;
+      }
+    }
+    __syncthreads();
+
+    // ---- O += P V: the warp's columns 64 warp + [0, 64); n-tile n, fragment column g is
+    // column 64 warp + 8 g + n, so one 8-byte read per token covers the thread's 8 n-tiles ----
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      std::uint32_t a[4];
+      ldmatrix_x4(a, p_s + (lane % 16) * kPElems + 16 * kk + (lane / 16) * 8);
+      const std::uint8_t* v_col = raw + 64 * warp + 8 * g;
+      const int tk = 16 * kk + 2 * tq;  // tokens tk, tk + 1 (b0) and tk + 8, tk + 9 (b1)
+      const uint2 v0 = *reinterpret_cast<const uint2*>(v_col + tk * kPitch);
+      const uint2 v1 = *reinterpret_cast<const uint2*>(v_col + (tk + 1) * kPitch);
+      const uint2 v8 = *reinterpret_cast<const uint2*>(v_col + (tk + 8) * kPitch);
+      const uint2 v9 = *reinterpret_cast<const uint2*>(v_col + (tk + 9) * kPitch);
+      std::uint32_t b0[8], b1[8];
+      // Byte permutes pair token tk's and tk + 1's codes of a column: [x0 y0 x1 y1], [x2 y2 x3 y3].
+      fp8x4_to_half2x2(__byte_perm(v0.x, v1.x, 0x5140), b0[0], b0[1]);
+      fp8x4_to_half2x2(__byte_perm(v0.x, v1.x, 0x7362), b0[2], b0[3]);
+      fp8x4_to_half2x2(__byte_perm(v0.y, v1.y, 0x5140), b0[4], b0[5]);
+      fp8x4_to_half2x2(__byte_perm(v0.y, v1.y, 0x7362), b0[6], b0[7]);
+      fp8x4_to_half2x2(__byte_perm(v8.x, v9.x, 0x5140), b1[0], b1[1]);
+      fp8x4_to_half2x2(__byte_perm(v8.x, v9.x, 0x7362), b1[2], b1[3]);
+      fp8x4_to_half2x2(__byte_perm(v8.y, v9.y, 0x5140), b1[4], b1[5]);
+      fp8x4_to_half2x2(__byte_perm(v8.y, v9.y, 0x7362), b1[6], b1[7]);
+#pragma unroll
+      for (int n = 0; n < 8; ++n) mma_f16_16816(o[n], a, b0[n], b1[n]);
+    }
+  }
+  cp_async_wait<0>();
+
+  // ---- epilogue: row sums over the quad and the warps, then o / l and lse ----
+  float* red_sum = reinterpret_cast<float*>(smem + kRed);
+  __syncthreads();  // red_max (same memory) is no longer read
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = row_sum[h];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    if (tq == 0) red_sum[warp * kRows + g + 8 * h] = sum;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = g + 8 * h;
+    if (r >= rows) continue;
+    float l = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) l += red_sum[w * kRows + r];
+    // l == 0: the row saw nothing (o = 0, lse = -inf); l NaN: a NaN in the cache reached the row.
+    const float inv = l > 0.0f ? p.out_scale / l : l == 0.0f ? 0.0f : NAN;
+    const float lse =
+        l > 0.0f ? (row_max[h] + log2f(l)) * decode::kLn2 : l == 0.0f ? -INFINITY : NAN;
+    const int tr = r / t.head_count;
+    const std::int64_t head = t.head_begin + r % t.head_count;
+    const std::int64_t token = q_first + tr;
+    const int col0 = 64 * warp + 16 * tq;  // columns col0 + n (c0, c2) and col0 + 8 + n (c1, c3)
+    if (t.split < 0) {
+      __nv_bfloat16* dst = p.out + token * p.out_stride[0] + head * p.out_stride[1] + col0;
+#pragma unroll
+      for (int n = 0; n < 8; n += 2) {
+        *reinterpret_cast<__nv_bfloat162*>(dst + n) =
+            __floats2bfloat162_rn(o[n][2 * h] * inv, o[n + 1][2 * h] * inv);
+        *reinterpret_cast<__nv_bfloat162*>(dst + 8 + n) =
+            __floats2bfloat162_rn(o[n][2 * h + 1] * inv, o[n + 1][2 * h + 1] * inv);
+      }
+      if (p.lse != nullptr && warp == 0 && tq == 0)
+        p.lse[token * p.lse_stride[0] + head * p.lse_stride[1]] = lse;
+    } else {
+      const std::int64_t prow =
+          p.partial_offset[t.request] +
+          (static_cast<std::int64_t>(t.split) * qo_len + t.q_begin + tr) * p.num_heads + head;
+      float* dst = p.partial_o + prow * 512 + col0;
+#pragma unroll
+      for (int n = 0; n < 8; n += 4) {
+        *reinterpret_cast<float4*>(dst + n) =
+            make_float4(o[n][2 * h] * inv, o[n + 1][2 * h] * inv, o[n + 2][2 * h] * inv,
+                        o[n + 3][2 * h] * inv);
+        *reinterpret_cast<float4*>(dst + 8 + n) =
+            make_float4(o[n][2 * h + 1] * inv, o[n + 1][2 * h + 1] * inv,
+                        o[n + 2][2 * h + 1] * inv, o[n + 3][2 * h + 1] * inv);
+      }
+      if (warp == 0 && tq == 0) p.partial_lse[prow] = lse;
+    }
+  }
+}
+
+}  // namespace fp8mla::detail
