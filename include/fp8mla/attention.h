@@ -65,7 +65,7 @@ struct PlanOptions {
   // Tiles the planner runs per unit and wave: 0 = the CUDA kernel's residency (occupancy API;
   // 1 on the CPU). The chunk size then fills whole waves (src/core/plan.cpp).
   int ctas_per_sm = 0;
-  int min_chunk_tokens = 256;  // never split a request's context finer than this
+  int min_chunk_tokens = 64;   // never split a request's context finer than this
   int num_threads = 0;         // CPU backend threads; 0 = std::thread::hardware_concurrency()
   bool cpu_reference = false;  // CPU: run the float64 reference instead of the fast path
   // CUDA graphs: device buffers get fixed capacities (max_* below, all > 0), so replan() can

@@ -105,7 +105,7 @@ def plan(
     device="cpu",
     sm_count=0,
     ctas_per_sm=0,
-    min_chunk_tokens=256,
+    min_chunk_tokens=64,
     num_threads=0,
     cpu_reference=False,
     cuda_graph=False,

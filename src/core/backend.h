@@ -22,9 +22,9 @@ void cpu_merge_states(const TensorView& v, const TensorView& s, const TensorView
                       const TensorView& s_out);
 
 // ---- CUDA backend (src/cuda) ----
-bool cuda_built() noexcept;                           // false in a build without CUDA
-int cuda_device_count() noexcept;                     // 0 when none is visible (or not built)
-int cuda_sm_count(int device_id);                     // multiprocessors of the device
+bool cuda_built() noexcept;        // false in a build without CUDA
+int cuda_device_count() noexcept;  // 0 when none is visible (or not built)
+int cuda_sm_count(int device_id);  // multiprocessors of the device
 // CTAs of the decode kernel chosen for (format, tiles of up to `rows` rows) that fit one SM.
 int cuda_ctas_per_sm(KvFormat format, int rows, int device_id);
 void* cuda_malloc(std::size_t bytes, int device_id);  // zero-filled; throws out_of_memory

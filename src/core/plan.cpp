@@ -441,9 +441,8 @@ std::int64_t Plan::partial_rows() const {
 Plan plan(const Problem& problem, const PlanOptions& options) {
   // Validate before asking the device, so bad input reads as bad input in any build.
   validate(problem, options);
-  auto state = std::make_unique<PlanState>(
-      build_state(problem, options, resolve_sm_count(problem, options),
-                  resolve_ctas_per_sm(problem, options)));
+  auto state = std::make_unique<PlanState>(build_state(
+      problem, options, resolve_sm_count(problem, options), resolve_ctas_per_sm(problem, options)));
   if (state->device == DeviceKind::cuda) {
     detail::cuda_upload_plan(*state);
   } else {

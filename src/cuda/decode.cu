@@ -176,7 +176,8 @@ int cuda_ctas_per_sm(KvFormat format, int rows, int device_id) {
   const KernelEntry& k = decode_kernel(format, row_tiles_for(rows));
   prepare(k);
   int n = 0;
-  FP8MLA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k.fn, decode::kThreads, k.smem));
+  FP8MLA_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k.fn, decode::kThreads, k.smem));
   return std::max(n, 1);
 }
 

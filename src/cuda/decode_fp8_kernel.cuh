@@ -1,21 +1,23 @@
 // The fp8_e4m3 decode kernel for tiles of <= 16 rows (heads x query tokens): the bandwidth
-// targets. One CTA (8 warps) per WorkTile, like decode_kernel.cuh, but nothing is dequantized
-// into a shared-memory tile: v1-v4 spent ~300 KB of shared-memory traffic per 64-token block
-// (36.9 KB from HBM) staging, dequantizing and re-reading a 16-bit tile, and ran at the same
-// time per token for fp8 and bf16 caches (bench/NOTES.md, v5). Here:
-//   * cp.async copies the raw 576-byte tokens, kStages - 1 blocks ahead, into rows of kPitch
-//     bytes (the pitch makes both fragment reads below bank-conflict free);
-//   * S = Q K^T: each thread reads 16 code bytes of its token per 4 k-steps and converts them
-//     (one cvt.rn.f16x2.e4m3x2 per pair, exact) straight into mma B fragments; the head dims are
-//     permuted so those 16 bytes are contiguous, and Q's fragments (fp16, scaled per row by a
-//     power of two, loaded once from global memory in the same permutation) stay in registers;
+// targets. One CTA (8 warps) per WorkTile, two CTAs per SM. Nothing is dequantized into a
+// shared-memory tile: v1-v4 spent ~300 KB of shared-memory traffic per 64-token block (36.9 KB
+// from HBM) staging, dequantizing and re-reading a 16-bit tile, and took the same time per
+// token for fp8 and bf16 caches (bench/NOTES.md, v4-v6). Per block:
+//   * cp.async copies the raw 576-byte tokens, one block ahead, into rows of kPitch bytes (the
+//     pitch makes the fragment reads below bank-conflict free);
+//   * S = Q K^T: warp w owns nope dims [64 w, 64 w + 64) of all 64 tokens (8 independent mma
+//     chains) and the rope dims of its own 8 tokens; each thread reads 16 code bytes per 4
+//     k-steps and converts them (one cvt.rn.f16x2.e4m3x2 per pair, exact) straight into mma B
+//     fragments. The head dims are permuted so those 16 bytes are contiguous; Q's fragments
+//     (fp16, scaled per row by a power of two, loaded once from global memory in the same
+//     permutation) stay in registers. The 8 partial sums meet in shared memory (32 KB);
 //   * O += P V: V's B fragments pair two tokens' codes of one column, built with byte permutes
 //     from 8-byte reads; the output columns are permuted so each thread ends up owning 16
 //     contiguous columns of its two rows;
 //   * P goes through shared memory (fp16, 2 KB); the row max is exchanged between warps once per
 //     block, the row sums only at the end.
-// Shared-memory traffic per block: 37 KB of copies, 37 KB of K reads, 32 KB of V reads, ~18 KB
-// of P: ~125 KB instead of ~300 KB.
+// Shared-memory traffic per block: 37 KB of copies, 37 KB of K reads, 64 KB of partial sums,
+// 32 KB of V reads, ~18 KB of P: ~190 KB instead of ~300 KB.
 #pragma once
 
 #include <cfloat>
@@ -33,7 +35,7 @@ inline constexpr int kThreads = 256;
 inline constexpr int kWarps = 8;
 inline constexpr int kBlockN = 64;  // cache tokens per block
 inline constexpr int kRows = 16;
-inline constexpr int kStages = 4;
+inline constexpr int kStages = 2;
 // 576 code bytes + 16: token stride = 80 (mod 128) bytes, so the 4 tokens of one V read hit 4
 // different 32-byte bank windows, and the 2 tokens of a K read quarter-warp (t and t + 4) are 64
 // bytes apart.
@@ -42,19 +44,22 @@ inline constexpr int kStageBytes = kBlockN * kPitch;
 inline constexpr int kPElems = kBlockN + 8;  // fp16 P row pitch: ldmatrix conflict-free
 inline constexpr int kRaw = 0;
 inline constexpr int kP = kRaw + kStages * kStageBytes;
-inline constexpr int kRed = kP + kRows * kPElems * 2;
+inline constexpr int kPart = kP + kRows * kPElems * 2;  // [warp][n-tile][lane] float4 partial S
+inline constexpr int kRed = kPart + kWarps * 8 * 32 * 16;
 inline constexpr int kFlags = kRed + kWarps * kRows * 4;
 inline constexpr int kSmemBytes = kFlags + kStages * kBlockN;
-static_assert(kSmemBytes <= 227 * 1024, "stages do not fit in shared memory");
+// Two CTAs per SM (16 warps): v5 ran one (255 registers, Q fragments of all 576 dims per
+// thread) and ncu showed it latency bound: 0.41 eligible warps per scheduler, 29% issue busy.
+inline constexpr int kMinBlocks = 2;
+static_assert(kMinBlocks * (kSmemBytes + 1024) <= 228 * 1024, "two CTAs must fit an SM");
 
-// cp.async of block `blk` into `stage`: 4 threads per token, 9 x 16 bytes each.
-__device__ __forceinline__ void load_block(const DecodeParams& p, const WorkTile& t, int q_token,
-                                           std::uint8_t* smem, int blk, int stage) {
+// cp.async of the thread's token (slot from token_slot) into `stage`: 4 threads per token,
+// 9 x 16 bytes each; skipped tokens are zero-filled and flagged.
+__device__ __forceinline__ void load_token(const DecodeParams& p, std::int64_t slot,
+                                           std::uint8_t* smem, int stage) {
   const int tok = threadIdx.x / 4, sub = threadIdx.x % 4;
-  const int j = t.kv_begin + blk * kBlockN + tok;
-  decode::TokenAddr a{nullptr, nullptr};
-  if (j < t.kv_end) a = decode::token_addr(p, t, q_token, j);
-  const bool valid = a.ckv != nullptr;
+  const bool valid = slot >= 0;
+  const decode::TokenAddr a = decode::slot_addr(p, slot);
   if (sub == 0) smem[kFlags + stage * kBlockN + tok] = valid ? 1 : 0;
   std::uint8_t* dst = smem + kRaw + stage * kStageBytes + tok * kPitch;
 #pragma unroll
@@ -80,7 +85,8 @@ __device__ __forceinline__ std::uint32_t scale_to_half2(std::uint32_t bf16x2, fl
 
 }  // namespace fp8frag
 
-__global__ void __launch_bounds__(fp8frag::kThreads, 1) mla_decode_fp8_kernel(const DecodeParams p) {
+__global__ void __launch_bounds__(fp8frag::kThreads, fp8frag::kMinBlocks)
+    mla_decode_fp8_kernel(const DecodeParams p) {
   using namespace fp8frag;
   if (static_cast<int>(blockIdx.x) >= *p.num_tiles) return;
   extern __shared__ __align__(128) std::uint8_t smem[];
@@ -93,16 +99,16 @@ __global__ void __launch_bounds__(fp8frag::kThreads, 1) mla_decode_fp8_kernel(co
   const int kv_len = p.topk > 0 ? 0 : p.kv_len[t.request];
   const int n_blocks = (t.kv_end - t.kv_begin + kBlockN - 1) / kBlockN;
 
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < n_blocks) load_block(p, t, q_first, smem, s, s);
-    cp_async_commit();
-  }
+  static_assert(kStages == 2, "the slot prefetch below assumes one block in flight");
+  load_token(p, decode::token_slot(p, t, q_first, 0), smem, 0);
+  cp_async_commit();
+  std::int64_t next_slot = decode::token_slot(p, t, q_first, 1);  // the block issued in iteration 0
 
-  // ---- Q fragments: rows g and g + 8, dims 64 i + 16 tq + [0, 16) for k-steps 4 i .. 4 i + 3 ----
-  // k-step 4 i + j pairs logical k (2 tq, 2 tq + 1) with dims +4 j, +4 j + 1 and
-  // (2 tq + 8, 2 tq + 9) with +4 j + 2, +4 j + 3: the layout of a 16-byte K read (below).
-  auto q_chunk = [&](int r, int i, int half) {  // 8 bf16 values
+  // ---- Q fragments: rows g and g + 8 of the warp's nope dims 64 warp + 16 tq + [0, 16)
+  // (k-steps 0..3 of its slice) and of rope dims 16 tq + [0, 16). k-step j pairs logical k
+  // (2 tq, 2 tq + 1) with dims +4 j, +4 j + 1 and (2 tq + 8, 2 tq + 9) with +4 j + 2, +4 j + 3:
+  // the layout of a 16-byte K read (below).
+  auto q_chunk = [&](int r, int i, int half) {  // 8 bf16 values: dims 64 i + 16 tq + 8 half
     if (r >= rows) return make_uint4(0, 0, 0, 0);
     const std::int64_t tok = q_first + r / t.head_count, h = t.head_begin + r % t.head_count;
     const __nv_bfloat16* src =
@@ -111,7 +117,7 @@ __global__ void __launch_bounds__(fp8frag::kThreads, 1) mla_decode_fp8_kernel(co
     return *reinterpret_cast<const uint4*>(src + 16 * tq + 8 * half);
   };
   float q_inv[2];
-  std::uint32_t qf[36][4];
+  std::uint32_t qn[4][4], qr[4][4];  // nope slice, rope
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = g + 8 * h;
@@ -119,7 +125,8 @@ __global__ void __launch_bounds__(fp8frag::kThreads, 1) mla_decode_fp8_kernel(co
     // the row maximum; 2^-e is undone on the scores.
     std::uint32_t m = 0;
 #pragma unroll
-    for (int i = 0; i < 9; ++i) m = max(m, max(abs_max_bits(q_chunk(r, i, 0)), abs_max_bits(q_chunk(r, i, 1))));
+    for (int i = 0; i < 9; ++i)
+      m = max(m, max(abs_max_bits(q_chunk(r, i, 0)), abs_max_bits(q_chunk(r, i, 1))));
     m = max(m, __shfl_xor_sync(0xffffffffu, m, 1));
     m = max(m, __shfl_xor_sync(0xffffffffu, m, 2));
     const float a = __uint_as_float(m);
@@ -131,13 +138,15 @@ __global__ void __launch_bounds__(fp8frag::kThreads, 1) mla_decode_fp8_kernel(co
     const float scale = ldexpf(1.0f, e);
     q_inv[h] = ldexpf(1.0f, -e);
 #pragma unroll
-    for (int i = 0; i < 9; ++i) {
+    for (int part = 0; part < 2; ++part) {
+      const int i = part == 0 ? warp : 8;
       const uint4 lo = q_chunk(r, i, 0), hi = q_chunk(r, i, 1);
       const std::uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+      std::uint32_t(&q)[4][4] = part == 0 ? qn : qr;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        qf[4 * i + j][h] = scale_to_half2(w[2 * j], scale);
-        qf[4 * i + j][h + 2] = scale_to_half2(w[2 * j + 1], scale);
+        q[j][h] = scale_to_half2(w[2 * j], scale);
+        q[j][h + 2] = scale_to_half2(w[2 * j + 1], scale);
       }
     }
   }
@@ -160,32 +169,63 @@ __global__ void __launch_bounds__(fp8frag::kThreads, 1) mla_decode_fp8_kernel(co
   float* red_max = reinterpret_cast<float*>(smem + kRed);
   // The S-phase tokens of this thread (columns 2 tq, 2 tq + 1 of the warp's n-tile).
   const int tok_a = 8 * warp + tq, tok_b = tok_a + 4;
-  // Its K-read token: n-tile column g holds token 8 warp + g / 2 + 4 (g % 2).
-  const int k_tok = 8 * warp + g / 2 + 4 * (g % 2);
+  // Its K-read token within an n-tile: fragment column g holds token g / 2 + 4 (g % 2).
+  const int k_tok = g / 2 + 4 * (g % 2);
+  float* part_s = reinterpret_cast<float*>(smem + kPart);
 
   for (int blk = 0; blk < n_blocks; ++blk) {
     const int stage = blk % kStages;
     cp_async_wait<kStages - 2>();
     __syncthreads();  // block blk landed for all threads; block blk - 1 is done with
-    if (blk + kStages - 1 < n_blocks)
-      load_block(p, t, q_first, smem, blk + kStages - 1, (blk + kStages - 1) % kStages);
+    if (blk + 1 < n_blocks) {
+      load_token(p, next_slot, smem, (blk + 1) % kStages);
+      next_slot = decode::token_slot(p, t, q_first, blk + 2);
+    }
     cp_async_commit();
     const std::uint8_t* raw = smem + kRaw + stage * kStageBytes;
     const std::uint8_t* flags = smem + kFlags + stage * kBlockN;
 
-    // ---- S = Q K^T for the warp's 8 tokens: 9 x 16-byte reads, 36 mma ----
-    float acc[2][4] = {}, acc_pe[4] = {};
-    const std::uint8_t* k_row = raw + k_tok * kPitch + 16 * tq;
+    // ---- S = Q K^T: the warp's 64 nope dims for all 64 tokens (8 independent chains of 4
+    // mma), rope for its own 8 tokens; partial sums meet in shared memory ----
+    float acc[8][4] = {}, acc_pe[4] = {};
+    // Two n-tiles at a time: their mma chains interleave (v6 stalled on "wait").
 #pragma unroll
-    for (int i = 0; i < 9; ++i) {
-      const uint4 v = *reinterpret_cast<const uint4*>(k_row + 64 * i);
+    for (int n = 0; n < 8; n += 2) {
+      // n-tile n, fragment column g: token 8 n + g / 2 + 4 (g % 2) (bank-conflict free reads).
+      const std::uint8_t* k_col = raw + k_tok * kPitch + 64 * warp + 16 * tq;
+      const uint4 v0 = *reinterpret_cast<const uint4*>(k_col + 8 * n * kPitch);
+      const uint4 v1 = *reinterpret_cast<const uint4*>(k_col + 8 * (n + 1) * kPitch);
+      const std::uint32_t w0[4] = {v0.x, v0.y, v0.z, v0.w}, w1[4] = {v1.x, v1.y, v1.z, v1.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        std::uint32_t b0, b1, c0, c1;
+        fp8x4_to_half2x2(w0[j], b0, b1);
+        fp8x4_to_half2x2(w1[j], c0, c1);
+        mma_f16_16816(acc[n], qn[j], b0, b1);
+        mma_f16_16816(acc[n + 1], qn[j], c0, c1);
+      }
+#pragma unroll
+      for (int m = n; m < n + 2; ++m)
+        *reinterpret_cast<float4*>(part_s + ((warp * 8 + m) * 32 + lane) * 4) =
+            make_float4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
+    }
+    {
+      const uint4 v =
+          *reinterpret_cast<const uint4*>(raw + (8 * warp + k_tok) * kPitch + 512 + 16 * tq);
       const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         std::uint32_t b0, b1;
         fp8x4_to_half2x2(w[j], b0, b1);
-        mma_f16_16816(i < 8 ? acc[j % 2] : acc_pe, qf[4 * i + j], b0, b1);
+        mma_f16_16816(acc_pe, qr[j], b0, b1);
       }
+    }
+    __syncthreads();
+    float nope[4] = {};
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float4 v = *reinterpret_cast<const float4*>(part_s + ((w * 8 + warp) * 32 + lane) * 4);
+      nope[0] += v.x, nope[1] += v.y, nope[2] += v.z, nope[3] += v.w;
     }
 
     // ---- scores, masks, row max over the block ----
@@ -197,8 +237,7 @@ __global__ void __launch_bounds__(fp8frag::kThreads, 1) mla_decode_fp8_kernel(co
       const int h = i / 2;
       const bool b = i % 2 == 1;
       const bool ok = (b ? ok_b : ok_a) && j0 + (b ? tok_b : tok_a) <= row_limit[h];
-      s[i] = ok ? ((acc[0][i] + acc[1][i]) * p.scale_nope + acc_pe[i] * p.scale_pe) * q_inv[h]
-                : -INFINITY;
+      s[i] = ok ? (nope[i] * p.scale_nope + acc_pe[i] * p.scale_pe) * q_inv[h] : -INFINITY;
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -225,10 +264,14 @@ __global__ void __launch_bounds__(fp8frag::kThreads, 1) mla_decode_fp8_kernel(co
       p_s[r * kPElems + tok_b] = __half_as_ushort(pb);
       // Sum what the tensor cores multiply (the rounded p), so o / l stays exact.
       row_sum[h] = row_sum[h] * alpha + (__half2float(pa) + __half2float(pb));
+      // The max rarely moves after the first blocks: skip the 16 multiplies when no row of the
+      // warp needs them.
+      if (__any_sync(0xffffffffu, alpha != 1.0f)) {
 #pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        o[n][2 * h] *= alpha;
-        o[n][2 * h + 1] *= alpha;
+        for (int n = 0; n < 8; ++n) {
+          o[n][2 * h] *= alpha;
+          o[n][2 * h + 1] *= alpha;
+        }
       }
     }
     __syncthreads();
@@ -281,8 +324,9 @@ __global__ void __launch_bounds__(fp8frag::kThreads, 1) mla_decode_fp8_kernel(co
     for (int w = 0; w < kWarps; ++w) l += red_sum[w * kRows + r];
     // l == 0: the row saw nothing (o = 0, lse = -inf); l NaN: a NaN in the cache reached the row.
     const float inv = l > 0.0f ? p.out_scale / l : l == 0.0f ? 0.0f : NAN;
-    const float lse =
-        l > 0.0f ? (row_max[h] + log2f(l)) * decode::kLn2 : l == 0.0f ? -INFINITY : NAN;
+    const float lse = l > 0.0f    ? (row_max[h] + log2f(l)) * decode::kLn2
+                      : l == 0.0f ? -INFINITY
+                                  : NAN;
     const int tr = r / t.head_count;
     const std::int64_t head = t.head_begin + r % t.head_count;
     const std::int64_t token = q_first + tr;
@@ -305,12 +349,11 @@ __global__ void __launch_bounds__(fp8frag::kThreads, 1) mla_decode_fp8_kernel(co
       float* dst = p.partial_o + prow * 512 + col0;
 #pragma unroll
       for (int n = 0; n < 8; n += 4) {
-        *reinterpret_cast<float4*>(dst + n) =
-            make_float4(o[n][2 * h] * inv, o[n + 1][2 * h] * inv, o[n + 2][2 * h] * inv,
-                        o[n + 3][2 * h] * inv);
+        *reinterpret_cast<float4*>(dst + n) = make_float4(
+            o[n][2 * h] * inv, o[n + 1][2 * h] * inv, o[n + 2][2 * h] * inv, o[n + 3][2 * h] * inv);
         *reinterpret_cast<float4*>(dst + 8 + n) =
-            make_float4(o[n][2 * h + 1] * inv, o[n + 1][2 * h + 1] * inv,
-                        o[n + 2][2 * h + 1] * inv, o[n + 3][2 * h + 1] * inv);
+            make_float4(o[n][2 * h + 1] * inv, o[n + 1][2 * h + 1] * inv, o[n + 2][2 * h + 1] * inv,
+                        o[n + 3][2 * h + 1] * inv);
       }
       if (warp == 0 && tq == 0) p.partial_lse[prow] = lse;
     }

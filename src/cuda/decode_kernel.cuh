@@ -57,7 +57,7 @@ struct Smem {
   static constexpr int kRawBytes = kBlockN * raw_token_bytes(F);
   static constexpr int kPBytes = kRows * kPElems * 2;
   static constexpr int kRedBytes = 2 * kWarps * kRows * 4;
-  static constexpr int kFlagBytes = 3 * kBlockN;  // per stage (at most 3)
+  static constexpr int kFlagBytes = 3 * kBlockN;    // per stage (at most 3)
   static constexpr int kQAuxBytes = 2 * kRows * 4;  // per-row |q| max and 2^-e (fp16 tiles)
   // fp8 tiles of <= 16 rows load and dequantize straight from global memory into the bf16 tile
   // (no raw staging): ~98 KB and <= 128 registers let two CTAs share an SM, so one CTA's loads
@@ -71,7 +71,7 @@ struct Smem {
                                : fixed() + kTileBytes + stages * kRawBytes;
   }
   // As many stages (up to 3) as fit in the 227 KB a CTA may use.
-  static constexpr int kStages = kDirect                       ? 1
+  static constexpr int kStages = kDirect                      ? 1
                                  : bytes_for(3) <= 227 * 1024 ? 3
                                  : bytes_for(2) <= 227 * 1024 ? 2
                                                               : 1;
@@ -97,32 +97,38 @@ struct TokenAddr {
   const std::uint8_t* kpe;
 };
 
-__device__ __forceinline__ TokenAddr token_addr(const DecodeParams& p, const WorkTile& t,
-                                                int q_token, int j) {
-  std::int64_t page, offset;
+// Pool slot (page * page_size + offset) of this thread's token (tid / 4) of block `blk`, or -1
+// when it is past the tile or skipped. The kernels read it one block before the token's copies
+// are issued, so the page-table (or index-list) load overlaps a block of math instead of
+// stalling every warp right after a barrier (bench/NOTES.md, v7).
+__device__ __forceinline__ std::int64_t token_slot(const DecodeParams& p, const WorkTile& t,
+                                                   int q_token, int blk) {
+  const int j = t.kv_begin + blk * kBlockN + static_cast<int>(threadIdx.x) / 4;
+  if (j >= t.kv_end) return -1;
   if (p.topk > 0) {
     const std::int64_t slot = p.sparse_indices[static_cast<std::int64_t>(q_token) * p.topk + j];
-    if (slot < 0 || slot >= p.pool_slots) return {nullptr, nullptr};
-    page = slot >> p.page_shift;
-    offset = slot & ((1 << p.page_shift) - 1);
-  } else {
-    page = p.kv_indices[p.kv_indptr[t.request] + (j >> p.page_shift)];
-    offset = j & ((1 << p.page_shift) - 1);
+    return slot < 0 || slot >= p.pool_slots ? -1 : slot;
   }
+  const std::int64_t page = p.kv_indices[p.kv_indptr[t.request] + (j >> p.page_shift)];
+  return (page << p.page_shift) | (j & ((1 << p.page_shift) - 1));
+}
+
+__device__ __forceinline__ TokenAddr slot_addr(const DecodeParams& p, std::int64_t slot) {
+  if (slot < 0) return {nullptr, nullptr};
+  const std::int64_t page = slot >> p.page_shift, offset = slot & ((1 << p.page_shift) - 1);
   return {
       p.ckv + page * p.ckv_page_stride + offset * p.ckv_token_stride,
       p.kpe == nullptr ? nullptr : p.kpe + page * p.kpe_page_stride + offset * p.kpe_token_stride};
 }
 
-// Issue the cp.async copies of block `blk` into stage `stage`; 4 threads per token.
+// Issue the cp.async copies of the thread's token (slot from token_slot) into stage `stage`;
+// 4 threads per token.
 template <KvFormat F, int MT>
-__device__ __forceinline__ void load_block(const DecodeParams& p, const WorkTile& t, int q_token,
-                                           std::uint8_t* smem, int blk, int stage) {
+__device__ __forceinline__ void load_block(const DecodeParams& p, std::int64_t slot,
+                                           std::uint8_t* smem, int stage) {
   using S = Smem<F, MT>;
   const int tok = threadIdx.x / 4, sub = threadIdx.x % 4;
-  const int j = t.kv_begin + blk * kBlockN + tok;
-  TokenAddr a{nullptr, nullptr};
-  if (j < t.kv_end) a = token_addr(p, t, q_token, j);
+  const TokenAddr a = slot_addr(p, slot);
   const bool valid = a.ckv != nullptr;
   if (sub == 0) smem[S::kFlags + stage * kBlockN + tok] = valid ? 1 : 0;
   const std::uint8_t* fallback = p.ckv;  // a mapped address for zero-fill copies
@@ -176,14 +182,12 @@ __device__ __forceinline__ void dequantize16(uint4 codes, float scale, std::uint
 // kDirect: load block `blk` from global memory (all of a thread's loads in flight first) and
 // write it dequantized into the bf16 tile, with the token flags. 4 threads per token.
 template <KvFormat F, int MT>
-__device__ __forceinline__ void load_dequantize_block(const DecodeParams& p, const WorkTile& t,
-                                                      int q_token, std::uint8_t* smem, int blk) {
+__device__ __forceinline__ void load_dequantize_block(const DecodeParams& p, std::int64_t slot,
+                                                      std::uint8_t* smem) {
   using S = Smem<F, MT>;
   constexpr int kChunks = F == KvFormat::fp8_e4m3 ? 9 : 10;  // 36 or 40 chunks / 4 threads
   const int tok = threadIdx.x / 4, sub = threadIdx.x % 4;
-  const int j = t.kv_begin + blk * kBlockN + tok;
-  TokenAddr a{nullptr, nullptr};
-  if (j < t.kv_end) a = token_addr(p, t, q_token, j);
+  const TokenAddr a = slot_addr(p, slot);
   const bool valid = a.ckv != nullptr;
   if (sub == 0) smem[S::kFlags + tok] = valid ? 1 : 0;
   uint4 v[kChunks];
@@ -305,7 +309,8 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const WorkTile& t,
       const float2 f = unpack2<false>(w[k]);
       h[k] = float2_to_half2(f.x * scale, f.y * scale);
     }
-    *reinterpret_cast<uint4*>(q_s + 2 * (r * kRowElems + 8 * c)) = make_uint4(h[0], h[1], h[2], h[3]);
+    *reinterpret_cast<uint4*>(q_s + 2 * (r * kRowElems + 8 * c)) =
+        make_uint4(h[0], h[1], h[2], h[3]);
   }
   __syncthreads();
 }
@@ -333,10 +338,12 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
 #pragma unroll
   for (int s = 0; s < kStages; ++s) {
     if constexpr (!S::kDirect) {
-      if (s < n_blocks) load_block<F, MT>(p, t, q_first, smem, s, s);
+      if (s < n_blocks) load_block<F, MT>(p, token_slot(p, t, q_first, s), smem, s);
       cp_async_commit();
     }
   }
+  // The slot of the next block to load, read one block ahead (see token_slot).
+  std::int64_t next_slot = token_slot(p, t, q_first, S::kDirect ? 0 : kStages);
   load_q<F, MT>(p, t, q_first, smem);
   const std::uint16_t* q_s = reinterpret_cast<const std::uint16_t*>(smem + S::kQ);
   // One m-tile: each warp keeps all of Q's A fragments (36 k-steps x 4 registers) so the S
@@ -389,7 +396,8 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
   for (int blk = 0; blk < n_blocks; ++blk) {
     const int stage = blk % kStages;
     if constexpr (S::kDirect) {
-      load_dequantize_block<F, MT>(p, t, q_first, smem, blk);  // the tile is free (see below)
+      load_dequantize_block<F, MT>(p, next_slot, smem);  // the tile is free (see below)
+      next_slot = token_slot(p, t, q_first, blk + 1);
     } else {
       cp_async_wait<kStages - 1>();
     }
@@ -402,7 +410,10 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
       dequantize_block<F, MT>(smem, stage);
       __syncthreads();
       // The raw stage is free again: refill it with the block kStages ahead.
-      if (blk + kStages < n_blocks) load_block<F, MT>(p, t, q_first, smem, blk + kStages, stage);
+      if (blk + kStages < n_blocks) {
+        load_block<F, MT>(p, next_slot, smem, stage);
+        next_slot = token_slot(p, t, q_first, blk + kStages + 1);
+      }
       cp_async_commit();
     }
     const std::uint16_t* k_s = reinterpret_cast<const std::uint16_t*>(
@@ -541,7 +552,10 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
     }
     __syncthreads();  // the tile, P and the reductions are rewritten next block
     if constexpr (F == KvFormat::bf16) {
-      if (blk + kStages < n_blocks) load_block<F, MT>(p, t, q_first, smem, blk + kStages, stage);
+      if (blk + kStages < n_blocks) {
+        load_block<F, MT>(p, next_slot, smem, stage);
+        next_slot = token_slot(p, t, q_first, blk + kStages + 1);
+      }
       cp_async_commit();
     }
   }
