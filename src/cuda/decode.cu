@@ -15,6 +15,12 @@ namespace fp8mla::detail {
 namespace {
 
 constexpr int kMergeWarps = 8;
+
+// max that keeps NaN: a split whose rows saw a NaN in the cache has lse NaN, and the merged row
+// must stay NaN as in the reference (fmaxf would drop it and return o = 0, lse = -inf).
+__device__ __forceinline__ float nan_max(float a, float b) {
+  return a != a ? a : b != b ? b : fmaxf(a, b);
+}
 constexpr int kMergeThreads = 256;
 
 // Combines the split partials of one output row and kCols of its columns per block. Threads
@@ -38,12 +44,12 @@ __global__ void __launch_bounds__(kMergeThreads) split_merge_kernel(const MergeP
   __shared__ float wpart[kMergeGroups];
 
   float mx = -INFINITY;
-  for (int s = tid; s < n; s += kMergeThreads) mx = fmaxf(mx, p.partial_lse[base + s * stride]);
-  for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  for (int s = tid; s < n; s += kMergeThreads) mx = nan_max(mx, p.partial_lse[base + s * stride]);
+  for (int off = 16; off > 0; off /= 2) mx = nan_max(mx, __shfl_xor_sync(0xffffffffu, mx, off));
   if (tid % 32 == 0) red[tid / 32] = mx;
   __syncthreads();
   mx = red[0];
-  for (int w = 1; w < kMergeThreads / 32; ++w) mx = fmaxf(mx, red[w]);
+  for (int w = 1; w < kMergeThreads / 32; ++w) mx = nan_max(mx, red[w]);
 
   const int col = blockIdx.y * kCols + 4 * quad;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -93,11 +99,11 @@ __global__ void merge_states_kernel(const In* v, std::int64_t v_r, std::int64_t 
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
   float mx = -INFINITY;
-  for (int i = 0; i < states; ++i) mx = fmaxf(mx, s[row * s_r + i * s_s]);
+  for (int i = 0; i < states; ++i) mx = nan_max(mx, s[row * s_r + i * s_s]);
   float wsum = 0.0f;
   if (mx != -INFINITY)
     for (int i = 0; i < states; ++i) wsum += __expf(s[row * s_r + i * s_s] - mx);
-  const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
+  const float inv = wsum > 0.0f ? 1.0f / wsum : wsum == 0.0f ? 0.0f : NAN;  // NaN lse stays NaN
   for (int d = lane; d < dim; d += 32) {
     float acc = 0.0f;
     if (mx != -INFINITY)
@@ -107,7 +113,8 @@ __global__ void merge_states_kernel(const In* v, std::int64_t v_r, std::int64_t 
       }
     vo[row * vo_r + d] = static_cast<Out>(acc * inv);
   }
-  if (so != nullptr && lane == 0) so[row * so_r] = wsum > 0.0f ? mx + logf(wsum) : -INFINITY;
+  if (so != nullptr && lane == 0)
+    so[row * so_r] = wsum > 0.0f ? mx + logf(wsum) : wsum == 0.0f ? -INFINITY : NAN;
 }
 
 // ---- the dispatch table: (format, row tiles) -> kernel instantiation ----

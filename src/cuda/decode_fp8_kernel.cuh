@@ -53,7 +53,7 @@ inline constexpr int kSmemBytes = kFlags + kStages * kBlockN;
 inline constexpr int kMinBlocks = 2;
 static_assert(kMinBlocks * (kSmemBytes + 1024) <= 228 * 1024, "two CTAs must fit an SM");
 
-// cp.async of the thread's token (slot from token_slot) into `stage`: 4 threads per token,
+// cp.async of the thread's token (slot from entry_slot) into `stage`: 4 threads per token,
 // 9 x 16 bytes each; skipped tokens are zero-filled and flagged.
 __device__ __forceinline__ void load_token(const DecodeParams& p, std::int64_t slot,
                                            std::uint8_t* smem, int stage) {
@@ -99,10 +99,13 @@ __global__ void __launch_bounds__(fp8frag::kThreads, fp8frag::kMinBlocks)
   const int kv_len = p.topk > 0 ? 0 : p.kv_len[t.request];
   const int n_blocks = (t.kv_end - t.kv_begin + kBlockN - 1) / kBlockN;
 
-  static_assert(kStages == 2, "the slot prefetch below assumes one block in flight");
-  load_token(p, decode::token_slot(p, t, q_first, 0), smem, 0);
+  static_assert(kStages == 2, "the entry prefetch below assumes one block in flight");
+  const std::int32_t kv_base = p.topk > 0 ? 0 : p.kv_indptr[t.request];
+  load_token(p, decode::entry_slot(p, t, 0, decode::token_entry(p, t, q_first, kv_base, 0)), smem,
+             0);
   cp_async_commit();
-  std::int64_t next_slot = decode::token_slot(p, t, q_first, 1);  // the block issued in iteration 0
+  // The entry of the block issued in iteration 0, used only there (see token_entry).
+  std::int32_t next_entry = decode::token_entry(p, t, q_first, kv_base, 1);
 
   // ---- Q fragments: rows g and g + 8 of the warp's nope dims 64 warp + 16 tq + [0, 16)
   // (k-steps 0..3 of its slice) and of rope dims 16 tq + [0, 16). k-step j pairs logical k
@@ -178,8 +181,8 @@ __global__ void __launch_bounds__(fp8frag::kThreads, fp8frag::kMinBlocks)
     cp_async_wait<kStages - 2>();
     __syncthreads();  // block blk landed for all threads; block blk - 1 is done with
     if (blk + 1 < n_blocks) {
-      load_token(p, next_slot, smem, (blk + 1) % kStages);
-      next_slot = decode::token_slot(p, t, q_first, blk + 2);
+      load_token(p, decode::entry_slot(p, t, blk + 1, next_entry), smem, (blk + 1) % kStages);
+      next_entry = decode::token_entry(p, t, q_first, kv_base, blk + 2);
     }
     cp_async_commit();
     const std::uint8_t* raw = smem + kRaw + stage * kStageBytes;

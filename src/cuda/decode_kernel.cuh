@@ -97,20 +97,29 @@ struct TokenAddr {
   const std::uint8_t* kpe;
 };
 
-// Pool slot (page * page_size + offset) of this thread's token (tid / 4) of block `blk`, or -1
-// when it is past the tile or skipped. The kernels read it one block before the token's copies
-// are issued, so the page-table (or index-list) load overlaps a block of math instead of
-// stalling every warp right after a barrier (bench/NOTES.md, v7).
-__device__ __forceinline__ std::int64_t token_slot(const DecodeParams& p, const WorkTile& t,
-                                                   int q_token, int blk) {
+// The page-table entry (dense: page id) or index-list entry (sparse: pool slot) of this thread's
+// token (tid / 4) of block `blk`, loaded but not yet used: the kernels load it one block before
+// the token's copies are issued and turn it into a slot (entry_slot) only then, so the load
+// overlaps a block of math. v6 stalled every warp on this load right after a barrier (1.4
+// long-scoreboard cycles per instruction), and v7's first try, which also computed the slot at
+// once, stalled on the use instead (bench/NOTES.md). kv_base = kv_indptr[request].
+__device__ __forceinline__ std::int32_t token_entry(const DecodeParams& p, const WorkTile& t,
+                                                    int q_token, std::int32_t kv_base, int blk) {
+  const int j = t.kv_begin + blk * kBlockN + static_cast<int>(threadIdx.x) / 4;
+  std::int32_t e = 0;  // a predicated load: nothing waits on it here
+  if (j < t.kv_end)
+    e = p.topk > 0 ? p.sparse_indices[static_cast<std::int64_t>(q_token) * p.topk + j]
+                   : p.kv_indices[kv_base + (j >> p.page_shift)];
+  return e;
+}
+
+// Pool slot (page * page_size + offset) of that token, or -1 when it is past the tile or skipped.
+__device__ __forceinline__ std::int64_t entry_slot(const DecodeParams& p, const WorkTile& t,
+                                                   int blk, std::int32_t e) {
   const int j = t.kv_begin + blk * kBlockN + static_cast<int>(threadIdx.x) / 4;
   if (j >= t.kv_end) return -1;
-  if (p.topk > 0) {
-    const std::int64_t slot = p.sparse_indices[static_cast<std::int64_t>(q_token) * p.topk + j];
-    return slot < 0 || slot >= p.pool_slots ? -1 : slot;
-  }
-  const std::int64_t page = p.kv_indices[p.kv_indptr[t.request] + (j >> p.page_shift)];
-  return (page << p.page_shift) | (j & ((1 << p.page_shift) - 1));
+  if (p.topk > 0) return e < 0 || e >= p.pool_slots ? -1 : e;
+  return (static_cast<std::int64_t>(e) << p.page_shift) | (j & ((1 << p.page_shift) - 1));
 }
 
 __device__ __forceinline__ TokenAddr slot_addr(const DecodeParams& p, std::int64_t slot) {
@@ -121,7 +130,7 @@ __device__ __forceinline__ TokenAddr slot_addr(const DecodeParams& p, std::int64
       p.kpe == nullptr ? nullptr : p.kpe + page * p.kpe_page_stride + offset * p.kpe_token_stride};
 }
 
-// Issue the cp.async copies of the thread's token (slot from token_slot) into stage `stage`;
+// Issue the cp.async copies of the thread's token (slot from entry_slot) into stage `stage`;
 // 4 threads per token.
 template <KvFormat F, int MT>
 __device__ __forceinline__ void load_block(const DecodeParams& p, std::int64_t slot,
@@ -333,17 +342,19 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
   const int qo_len = p.qo_indptr[t.request + 1] - p.qo_indptr[t.request];
   const int kv_len = p.topk > 0 ? 0 : p.kv_len[t.request];
   const int n_blocks = (t.kv_end - t.kv_begin + kBlockN - 1) / kBlockN;
+  const std::int32_t kv_base = p.topk > 0 ? 0 : p.kv_indptr[t.request];
 
   // Prologue: the first kStages blocks in flight, then Q into shared memory (bf16 rows).
 #pragma unroll
   for (int s = 0; s < kStages; ++s) {
     if constexpr (!S::kDirect) {
-      if (s < n_blocks) load_block<F, MT>(p, token_slot(p, t, q_first, s), smem, s);
+      if (s < n_blocks)
+        load_block<F, MT>(p, entry_slot(p, t, s, token_entry(p, t, q_first, kv_base, s)), smem, s);
       cp_async_commit();
     }
   }
-  // The slot of the next block to load, read one block ahead (see token_slot).
-  std::int64_t next_slot = token_slot(p, t, q_first, S::kDirect ? 0 : kStages);
+  // The entry of the next block to load, read one block ahead (see token_entry).
+  std::int32_t next_entry = token_entry(p, t, q_first, kv_base, S::kDirect ? 0 : kStages);
   load_q<F, MT>(p, t, q_first, smem);
   const std::uint16_t* q_s = reinterpret_cast<const std::uint16_t*>(smem + S::kQ);
   // One m-tile: each warp keeps all of Q's A fragments (36 k-steps x 4 registers) so the S
@@ -396,8 +407,9 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
   for (int blk = 0; blk < n_blocks; ++blk) {
     const int stage = blk % kStages;
     if constexpr (S::kDirect) {
-      load_dequantize_block<F, MT>(p, next_slot, smem);  // the tile is free (see below)
-      next_slot = token_slot(p, t, q_first, blk + 1);
+      // The tile is free (see below).
+      load_dequantize_block<F, MT>(p, entry_slot(p, t, blk, next_entry), smem);
+      next_entry = token_entry(p, t, q_first, kv_base, blk + 1);
     } else {
       cp_async_wait<kStages - 1>();
     }
@@ -411,8 +423,8 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
       __syncthreads();
       // The raw stage is free again: refill it with the block kStages ahead.
       if (blk + kStages < n_blocks) {
-        load_block<F, MT>(p, next_slot, smem, stage);
-        next_slot = token_slot(p, t, q_first, blk + kStages + 1);
+        load_block<F, MT>(p, entry_slot(p, t, blk + kStages, next_entry), smem, stage);
+        next_entry = token_entry(p, t, q_first, kv_base, blk + kStages + 1);
       }
       cp_async_commit();
     }
@@ -553,8 +565,8 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
     __syncthreads();  // the tile, P and the reductions are rewritten next block
     if constexpr (F == KvFormat::bf16) {
       if (blk + kStages < n_blocks) {
-        load_block<F, MT>(p, next_slot, smem, stage);
-        next_slot = token_slot(p, t, q_first, blk + kStages + 1);
+        load_block<F, MT>(p, entry_slot(p, t, blk + kStages, next_entry), smem, stage);
+        next_entry = token_entry(p, t, q_first, kv_base, blk + kStages + 1);
       }
       cp_async_commit();
     }

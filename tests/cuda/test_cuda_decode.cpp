@@ -178,6 +178,10 @@ const GridCase kGrid[] = {
     {BF, 8, 16, 3, 1, 8, true, 1, 400, FU, 1.0f, 1.0f},
     {BL, 16, 64, 3, 1, 6, true, 1, 500, FU, 1.0f, 1.0f},
     {F8, 5, 16, 3, 1, 16, false, 20, 300, FU, 1.0f, 1.0f},
+    // <= 16 rows with several query tokens: the fp8 fragment kernel's multi-token causal path
+    {F8, 8, 16, 4, 1, 2, true, 1, 600, FU, 1.0f, 1.0f},
+    {F8, 4, 1, 3, 2, 4, true, 4, 900, SP, 2.0f, 0.5f},
+    {F8, 2, 64, 3, 1, 8, true, 8, 1300, FU, 1.0f, 1.0f},
 };
 
 class CudaDecodeGrid : public ::testing::TestWithParam<GridCase> {};
@@ -213,6 +217,81 @@ INSTANTIATE_TEST_SUITE_P(Grid, CudaDecodeGrid, ::testing::ValuesIn(kGrid),
                                   "_qo" + std::to_string(g.qo_max) + (g.causal ? "_causal" : "") +
                                   "_" + std::to_string(param_info.index);
                          });
+
+// fp8_e4m3 tiles run on fp16 tensor cores with q scaled per row by a power of two: rows whose
+// q is tiny or huge (far outside fp16's range) must match as well as ordinary ones.
+TEST(CudaDecodeFp16, ExtremeQueryMagnitudesPerRow) {
+  SKIP_WITHOUT_GPU();
+  for (int heads : {8, 16, 128}) {
+    test::ProblemSpec s;
+    s.format = F8;
+    s.num_heads = heads;
+    s.page_size = 16;
+    s.batch = 3;
+    s.kv_len_min = 100;
+    s.kv_len_max = 700;
+    s.seed = 77 + static_cast<std::uint64_t>(heads);
+    test::RandomCase c = test::make_case(s);
+    // Row (token, head) gets 2^k with k cycling through -100, -30, 0, 20, 60 (bf16 keeps it).
+    const int exps[] = {-100, -30, 0, 20, 60};
+    const std::int64_t rows = c.rows();
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float f = std::ldexp(1.0f, exps[r % 5]);
+      auto scale_row = [&](std::size_t begin, std::size_t n) {
+        for (std::size_t i = begin; i < begin + n; ++i)
+          c.q[i] = float_to_bf16(bf16_to_float(c.q[i]) * f);
+      };
+      if (s.fused_q) {
+        scale_row(static_cast<std::size_t>(r) * 576, 576);
+      } else {
+        scale_row(static_cast<std::size_t>(r) * 512, 512);
+        scale_row(static_cast<std::size_t>(rows) * 512 + static_cast<std::size_t>(r) * 64, 64);
+      }
+    }
+    test::HostOutput ref = reference(c);
+    DeviceBuffer cache(c.cache), q(c.q);
+    DeviceOutput d(c, 64);
+    run(plan(c.problem(DeviceKind::cuda), PlanOptions{}), device_args(c, cache, q, d));
+    detail::cuda_synchronize(0);
+    expect_matches(d, ref, "extreme q, heads " + std::to_string(heads));
+  }
+}
+
+// A NaN code in the cache reaches every row that sees its token (as in the reference), and
+// only those: the fragment kernels convert codes with the NaN-preserving instruction.
+TEST(CudaDecodeFp16, NanInTheCacheReachesTheRowsThatSeeIt) {
+  SKIP_WITHOUT_GPU();
+  for (int heads : {8, 128}) {
+    test::ProblemSpec s;
+    s.format = F8;
+    s.num_heads = heads;
+    s.page_size = 64;
+    s.batch = 3;
+    s.kv_len_min = 200;
+    s.kv_len_max = 400;
+    s.empty_fraction = 0.0;
+    s.seed = 91 + static_cast<std::uint64_t>(heads);
+    test::RandomCase c = test::make_case(s);
+    // Request 1's token 5: a NaN in its ckv part (byte 100: K and V) or its rope part.
+    const std::int64_t slot = c.request_slots(1)[5];
+    const KvCacheView kv = c.kv_view(c.cache.data());
+    const std::int64_t page = slot / s.page_size, off = slot % s.page_size;
+    auto* ckv = static_cast<std::uint8_t*>(kv.ckv.data) +
+                (page * kv.ckv.stride[0] + off * kv.ckv.stride[1]) * dtype_size(kv.ckv.dtype);
+    ckv[100] = 0x7f;
+    test::HostOutput ref = reference(c);
+    DeviceBuffer cache(c.cache), q(c.q);
+    DeviceOutput d(c, 64);
+    run(plan(c.problem(DeviceKind::cuda), PlanOptions{}), device_args(c, cache, q, d));
+    detail::cuda_synchronize(0);
+    expect_matches(d, ref, "NaN in the cache, heads " + std::to_string(heads));
+    const auto out = d.out.to_host<std::uint16_t>();
+    int nan_rows = 0;
+    for (std::int64_t r = 0; r < c.rows(); ++r)
+      nan_rows += std::isnan(bf16_to_float(out[d.guard + r * kDimCkv])) ? 1 : 0;
+    EXPECT_EQ(nan_rows, heads) << "exactly request 1's rows";
+  }
+}
 
 TEST(CudaDecodeSplit, LongContextSplitsAndMerges) {
   SKIP_WITHOUT_GPU();
