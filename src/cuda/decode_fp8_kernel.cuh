@@ -2,9 +2,10 @@
 // targets. One CTA (8 warps) per WorkTile, two CTAs per SM. Nothing is dequantized into a
 // shared-memory tile: v1-v4 spent ~300 KB of shared-memory traffic per 64-token block (36.9 KB
 // from HBM) staging, dequantizing and re-reading a 16-bit tile, and took the same time per
-// token for fp8 and bf16 caches (bench/NOTES.md, v4-v6). Per block:
+// token for fp8 and bf16 caches (bench/NOTES.md, v4-v7). Per block:
 //   * cp.async copies the raw 576-byte tokens, one block ahead, into rows of kPitch bytes (the
-//     pitch makes the fragment reads below bank-conflict free);
+//     pitch makes the fragment reads below bank-conflict free); the page-table entries are
+//     loaded one block earlier still (decode::token_entry);
 //   * S = Q K^T: warp w owns nope dims [64 w, 64 w + 64) of all 64 tokens (8 independent mma
 //     chains) and the rope dims of its own 8 tokens; each thread reads 16 code bytes per 4
 //     k-steps and converts them (one cvt.rn.f16x2.e4m3x2 per pair, exact) straight into mma B
@@ -61,12 +62,14 @@ __device__ __forceinline__ void load_token(const DecodeParams& p, std::int64_t s
   const bool valid = slot >= 0;
   const decode::TokenAddr a = decode::slot_addr(p, slot);
   if (sub == 0) smem[kFlags + stage * kBlockN + tok] = valid ? 1 : 0;
-  std::uint8_t* dst = smem + kRaw + stage * kStageBytes + tok * kPitch;
+  // Skipped tokens copy nothing (src-size 0) from a mapped address: the start of the cache. One
+  // base per half keeps the copies' offsets immediate.
+  const std::uint8_t* ckv = (valid ? a.ckv : p.ckv) + 16 * sub;
+  const std::uint8_t* kpe = (valid ? a.kpe : p.kpe) + 16 * sub;
+  std::uint8_t* dst = smem + kRaw + stage * kStageBytes + tok * kPitch + 16 * sub;
 #pragma unroll
-  for (int c = sub; c < 36; c += 4) {
-    const std::uint8_t* src = c < 32 ? a.ckv + 16 * c : a.kpe + 16 * (c - 32);
-    cp_async_16(dst + 16 * c, valid ? src : p.ckv, valid);
-  }
+  for (int i = 0; i < 9; ++i)
+    cp_async_16(dst + 64 * i, i < 8 ? ckv + 64 * i : kpe + 64 * (i - 8), valid);
 }
 
 // |x| of 8 bf16 values as the bits of a non-negative float (orders like the value; NaN above inf).

@@ -1,18 +1,20 @@
-// The MLA decode kernel: one CTA per WorkTile (request, query block, head block, kv range).
+// The shared-memory-tile MLA decode kernel: one CTA per WorkTile (request, query block, head
+// block, kv range). It runs every tile except fp8_e4m3 with <= 16 rows, which has its own kernel
+// (decode_fp8_kernel.cuh): bf16 caches, the 656-byte block format, and 17-64-row tiles.
 //
 // Per block of 64 cache tokens:
 //   1. cp.async the tokens' raw bytes (any format, paged or gathered per token, 16-byte vectors)
 //      into a shared staging buffer, kStages blocks ahead;
-//   2. fp8 formats: dequantize the staged codes to bf16 in shared memory (exact: codes are
-//      small-mantissa values, block scales are powers of two; a per-tensor scale is applied to
-//      the scores and the output instead, so the tensor-core inputs are exact);
-//   3. S = Q K^T on tensor cores (mma.sync m16n8k16 bf16, fp32 accumulators): warp w owns tokens
+//   2. fp8 formats: dequantize the staged codes into a 16-bit tile in shared memory (exact):
+//      fp16 for fp8_e4m3 (a per-tensor scale is applied to the scores and the output instead),
+//      bf16 for the block format (its power-of-two block scales applied in the conversion);
+//   3. S = Q K^T on tensor cores (mma.sync m16n8k16, fp32 accumulators): warp w owns tokens
 //      [8w, 8w + 8) of the block, all rows;
 //   4. online softmax in fp32 (log2 domain), row max and sum exchanged through shared memory;
 //   5. O += P V: warp w owns output columns [64w, 64w + 64), all rows.
 // The epilogue writes bf16 out + lse, or an fp32 partial (o, lse) row when the request is split.
-// fp8 tiles of <= 16 rows (Smem::kDirect) fuse steps 1 and 2: global loads straight into
-// registers, dequantized into the bf16 tile, so two CTAs fit an SM (bench/NOTES.md, v3).
+// Block-format tiles of <= 16 rows (Smem::kDirect) fuse steps 1 and 2: global loads straight
+// into registers, dequantized into the tile, so two CTAs fit an SM (bench/NOTES.md, v3).
 // Sparse (DSA) tiles are the same kernel: token j of a tile is read through the index list.
 #pragma once
 
@@ -59,7 +61,7 @@ struct Smem {
   static constexpr int kRedBytes = 2 * kWarps * kRows * 4;
   static constexpr int kFlagBytes = 3 * kBlockN;    // per stage (at most 3)
   static constexpr int kQAuxBytes = 2 * kRows * 4;  // per-row |q| max and 2^-e (fp16 tiles)
-  // fp8 tiles of <= 16 rows load and dequantize straight from global memory into the bf16 tile
+  // fp8 tiles of <= 16 rows load and dequantize straight from global memory into the 16-bit tile
   // (no raw staging): ~98 KB and <= 128 registers let two CTAs share an SM, so one CTA's loads
   // overlap the other's math. v2 ran 1 CTA (8 warps) per SM and ncu showed it latency bound.
   static constexpr bool kDirect = F != KvFormat::bf16 && MT == 1;
@@ -140,23 +142,24 @@ __device__ __forceinline__ void load_block(const DecodeParams& p, std::int64_t s
   const TokenAddr a = slot_addr(p, slot);
   const bool valid = a.ckv != nullptr;
   if (sub == 0) smem[S::kFlags + stage * kBlockN + tok] = valid ? 1 : 0;
-  const std::uint8_t* fallback = p.ckv;  // a mapped address for zero-fill copies
+  // Skipped tokens copy nothing (src-size 0) from a mapped address: the start of the cache. One
+  // base per half keeps the copies' offsets immediate (v7: ~5 address instructions per copy).
+  const std::uint8_t* ckv = (valid ? a.ckv : p.ckv) + 16 * sub;
+  const std::uint8_t* kpe =
+      F == KvFormat::fp8_e4m3_block ? nullptr : (valid ? a.kpe : p.kpe) + 16 * sub;
   if constexpr (F == KvFormat::bf16) {
-    std::uint8_t* dst = smem + S::kTile + stage * S::kTileBytes + tok * kRowElems * 2;
-    for (int c = sub; c < 72; c += 4) {
-      const std::uint8_t* src = c < 64 ? a.ckv + 16 * c : a.kpe + 16 * (c - 64);
-      cp_async_16(dst + 16 * c, valid ? src : fallback, valid);
-    }
+    std::uint8_t* dst = smem + S::kTile + stage * S::kTileBytes + tok * kRowElems * 2 + 16 * sub;
+#pragma unroll
+    for (int i = 0; i < 18; ++i)
+      cp_async_16(dst + 64 * i, i < 16 ? ckv + 64 * i : kpe + 64 * (i - 16), valid);
   } else if constexpr (F == KvFormat::fp8_e4m3) {
-    std::uint8_t* dst = smem + S::kRaw + stage * S::kRawBytes + tok * 576;
-    for (int c = sub; c < 36; c += 4) {
-      const std::uint8_t* src = c < 32 ? a.ckv + 16 * c : a.kpe + 16 * (c - 32);
-      cp_async_16(dst + 16 * c, valid ? src : fallback, valid);
-    }
+    std::uint8_t* dst = smem + S::kRaw + stage * S::kRawBytes + tok * 576 + 16 * sub;
+#pragma unroll
+    for (int i = 0; i < 9; ++i)
+      cp_async_16(dst + 64 * i, i < 8 ? ckv + 64 * i : kpe + 64 * (i - 8), valid);
   } else {
     std::uint8_t* dst = smem + S::kRaw + stage * S::kRawBytes + tok * 656;
-    for (int c = sub; c < 41; c += 4)
-      cp_async_16(dst + 16 * c, valid ? a.ckv + 16 * c : fallback, valid);
+    for (int c = sub; c < 41; c += 4) cp_async_16(dst + 16 * c, ckv + 16 * (c - sub), valid);
   }
 }
 

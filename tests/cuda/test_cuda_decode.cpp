@@ -125,10 +125,10 @@ void expect_matches(const DeviceOutput& d, test::HostOutput& ref, const std::str
   }
 }
 
-// Runs a case on the GPU (fresh device copies, poisoned outputs) and compares.
-void run_case(const test::ProblemSpec& spec, PlanOptions options = {}) {
-  test::RandomCase c = test::make_case(spec);
-  const std::string what = test::describe(spec);
+// Runs a (possibly edited) case on the GPU (fresh device copies, poisoned outputs), compares,
+// and returns the output's bf16 bits (without the guards).
+std::vector<std::uint16_t> check_case(test::RandomCase& c, const std::string& what,
+                                      PlanOptions options = {}) {
   test::HostOutput ref = reference(c);
   DeviceBuffer cache(c.cache), q(c.q);
   DeviceOutput d(c, 256);
@@ -143,6 +143,25 @@ void run_case(const test::ProblemSpec& spec, PlanOptions options = {}) {
   run(p, args);
   detail::cuda_synchronize(0);
   EXPECT_EQ(first, d.out.to_host<std::uint16_t>()) << what << ": second run differs";
+  return {first.begin() + d.guard, first.begin() + d.guard + d.n_out};
+}
+
+void run_case(const test::ProblemSpec& spec, PlanOptions options = {}) {
+  test::RandomCase c = test::make_case(spec);
+  check_case(c, test::describe(spec), options);
+}
+
+// An fp8_e4m3 decode case (one query token per request) for the tests that edit its data.
+test::RandomCase fp8_case(int heads, int page_size, int kv_min, int kv_max, std::uint64_t seed) {
+  test::ProblemSpec s;
+  s.format = KvFormat::fp8_e4m3;
+  s.num_heads = heads;
+  s.page_size = page_size;
+  s.batch = 3;
+  s.kv_len_min = kv_min;
+  s.kv_len_max = kv_max;
+  s.seed = seed;
+  return test::make_case(s);
 }
 
 // ---- the grid: (format, heads, page size, qo_len range, causal, kv range, layout) ----
@@ -223,15 +242,7 @@ INSTANTIATE_TEST_SUITE_P(Grid, CudaDecodeGrid, ::testing::ValuesIn(kGrid),
 TEST(CudaDecodeFp16, ExtremeQueryMagnitudesPerRow) {
   SKIP_WITHOUT_GPU();
   for (int heads : {8, 16, 128}) {
-    test::ProblemSpec s;
-    s.format = F8;
-    s.num_heads = heads;
-    s.page_size = 16;
-    s.batch = 3;
-    s.kv_len_min = 100;
-    s.kv_len_max = 700;
-    s.seed = 77 + static_cast<std::uint64_t>(heads);
-    test::RandomCase c = test::make_case(s);
+    test::RandomCase c = fp8_case(heads, 16, 100, 700, 77 + static_cast<std::uint64_t>(heads));
     // Row (token, head) gets 2^k with k cycling through -100, -30, 0, 20, 60 (bf16 keeps it).
     const int exps[] = {-100, -30, 0, 20, 60};
     const std::int64_t rows = c.rows();
@@ -241,19 +252,14 @@ TEST(CudaDecodeFp16, ExtremeQueryMagnitudesPerRow) {
         for (std::size_t i = begin; i < begin + n; ++i)
           c.q[i] = float_to_bf16(bf16_to_float(c.q[i]) * f);
       };
-      if (s.fused_q) {
+      if (c.spec.fused_q) {
         scale_row(static_cast<std::size_t>(r) * 576, 576);
       } else {
         scale_row(static_cast<std::size_t>(r) * 512, 512);
         scale_row(static_cast<std::size_t>(rows) * 512 + static_cast<std::size_t>(r) * 64, 64);
       }
     }
-    test::HostOutput ref = reference(c);
-    DeviceBuffer cache(c.cache), q(c.q);
-    DeviceOutput d(c, 64);
-    run(plan(c.problem(DeviceKind::cuda), PlanOptions{}), device_args(c, cache, q, d));
-    detail::cuda_synchronize(0);
-    expect_matches(d, ref, "extreme q, heads " + std::to_string(heads));
+    check_case(c, "extreme q, heads " + std::to_string(heads));
   }
 }
 
@@ -262,33 +268,18 @@ TEST(CudaDecodeFp16, ExtremeQueryMagnitudesPerRow) {
 TEST(CudaDecodeFp16, NanInTheCacheReachesTheRowsThatSeeIt) {
   SKIP_WITHOUT_GPU();
   for (int heads : {8, 128}) {
-    test::ProblemSpec s;
-    s.format = F8;
-    s.num_heads = heads;
-    s.page_size = 64;
-    s.batch = 3;
-    s.kv_len_min = 200;
-    s.kv_len_max = 400;
-    s.empty_fraction = 0.0;
-    s.seed = 91 + static_cast<std::uint64_t>(heads);
-    test::RandomCase c = test::make_case(s);
-    // Request 1's token 5: a NaN in its ckv part (byte 100: K and V) or its rope part.
+    test::RandomCase c = fp8_case(heads, 64, 200, 400, 91 + static_cast<std::uint64_t>(heads));
+    // Request 1's token 5 gets a NaN code in its ckv part (byte 100: read as K and as V).
     const std::int64_t slot = c.request_slots(1)[5];
     const KvCacheView kv = c.kv_view(c.cache.data());
-    const std::int64_t page = slot / s.page_size, off = slot % s.page_size;
+    const std::int64_t page = slot / c.spec.page_size, off = slot % c.spec.page_size;
     auto* ckv = static_cast<std::uint8_t*>(kv.ckv.data) +
                 (page * kv.ckv.stride[0] + off * kv.ckv.stride[1]) * dtype_size(kv.ckv.dtype);
     ckv[100] = 0x7f;
-    test::HostOutput ref = reference(c);
-    DeviceBuffer cache(c.cache), q(c.q);
-    DeviceOutput d(c, 64);
-    run(plan(c.problem(DeviceKind::cuda), PlanOptions{}), device_args(c, cache, q, d));
-    detail::cuda_synchronize(0);
-    expect_matches(d, ref, "NaN in the cache, heads " + std::to_string(heads));
-    const auto out = d.out.to_host<std::uint16_t>();
+    const auto out = check_case(c, "NaN in the cache, heads " + std::to_string(heads));
     int nan_rows = 0;
     for (std::int64_t r = 0; r < c.rows(); ++r)
-      nan_rows += std::isnan(bf16_to_float(out[d.guard + r * kDimCkv])) ? 1 : 0;
+      nan_rows += std::isnan(bf16_to_float(out[r * kDimCkv])) ? 1 : 0;
     EXPECT_EQ(nan_rows, heads) << "exactly request 1's rows";
   }
 }
