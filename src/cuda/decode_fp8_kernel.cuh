@@ -62,14 +62,12 @@ __device__ __forceinline__ void load_token(const DecodeParams& p, std::int64_t s
   const bool valid = slot >= 0;
   const decode::TokenAddr a = decode::slot_addr(p, slot);
   if (sub == 0) smem[kFlags + stage * kBlockN + tok] = valid ? 1 : 0;
-  // Skipped tokens copy nothing (src-size 0) from a mapped address: the start of the cache. One
-  // base per half keeps the copies' offsets immediate.
-  const std::uint8_t* ckv = (valid ? a.ckv : p.ckv) + 16 * sub;
-  const std::uint8_t* kpe = (valid ? a.kpe : p.kpe) + 16 * sub;
-  std::uint8_t* dst = smem + kRaw + stage * kStageBytes + tok * kPitch + 16 * sub;
+  std::uint8_t* dst = smem + kRaw + stage * kStageBytes + tok * kPitch;
 #pragma unroll
-  for (int i = 0; i < 9; ++i)
-    cp_async_16(dst + 64 * i, i < 8 ? ckv + 64 * i : kpe + 64 * (i - 8), valid);
+  for (int c = sub; c < 36; c += 4) {
+    const std::uint8_t* src = c < 32 ? a.ckv + 16 * c : a.kpe + 16 * (c - 32);
+    cp_async_16(dst + 16 * c, valid ? src : p.ckv, valid);
+  }
 }
 
 // |x| of 8 bf16 values as the bits of a non-negative float (orders like the value; NaN above inf).

@@ -142,24 +142,23 @@ __device__ __forceinline__ void load_block(const DecodeParams& p, std::int64_t s
   const TokenAddr a = slot_addr(p, slot);
   const bool valid = a.ckv != nullptr;
   if (sub == 0) smem[S::kFlags + stage * kBlockN + tok] = valid ? 1 : 0;
-  // Skipped tokens copy nothing (src-size 0) from a mapped address: the start of the cache. One
-  // base per half keeps the copies' offsets immediate (v7: ~5 address instructions per copy).
-  const std::uint8_t* ckv = (valid ? a.ckv : p.ckv) + 16 * sub;
-  const std::uint8_t* kpe =
-      F == KvFormat::fp8_e4m3_block ? nullptr : (valid ? a.kpe : p.kpe) + 16 * sub;
+  const std::uint8_t* fallback = p.ckv;  // a mapped address for zero-fill copies
   if constexpr (F == KvFormat::bf16) {
-    std::uint8_t* dst = smem + S::kTile + stage * S::kTileBytes + tok * kRowElems * 2 + 16 * sub;
-#pragma unroll
-    for (int i = 0; i < 18; ++i)
-      cp_async_16(dst + 64 * i, i < 16 ? ckv + 64 * i : kpe + 64 * (i - 16), valid);
+    std::uint8_t* dst = smem + S::kTile + stage * S::kTileBytes + tok * kRowElems * 2;
+    for (int c = sub; c < 72; c += 4) {
+      const std::uint8_t* src = c < 64 ? a.ckv + 16 * c : a.kpe + 16 * (c - 64);
+      cp_async_16(dst + 16 * c, valid ? src : fallback, valid);
+    }
   } else if constexpr (F == KvFormat::fp8_e4m3) {
-    std::uint8_t* dst = smem + S::kRaw + stage * S::kRawBytes + tok * 576 + 16 * sub;
-#pragma unroll
-    for (int i = 0; i < 9; ++i)
-      cp_async_16(dst + 64 * i, i < 8 ? ckv + 64 * i : kpe + 64 * (i - 8), valid);
+    std::uint8_t* dst = smem + S::kRaw + stage * S::kRawBytes + tok * 576;
+    for (int c = sub; c < 36; c += 4) {
+      const std::uint8_t* src = c < 32 ? a.ckv + 16 * c : a.kpe + 16 * (c - 32);
+      cp_async_16(dst + 16 * c, valid ? src : fallback, valid);
+    }
   } else {
     std::uint8_t* dst = smem + S::kRaw + stage * S::kRawBytes + tok * 656;
-    for (int c = sub; c < 41; c += 4) cp_async_16(dst + 16 * c, ckv + 16 * (c - sub), valid);
+    for (int c = sub; c < 41; c += 4)
+      cp_async_16(dst + 16 * c, valid ? a.ckv + 16 * c : fallback, valid);
   }
 }
 
