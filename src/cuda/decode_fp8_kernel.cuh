@@ -21,7 +21,6 @@
 // 32 KB of V reads, ~18 KB of P: ~190 KB instead of ~300 KB.
 #pragma once
 
-#include <cfloat>
 #include <cstdint>
 
 #include "src/cuda/cuda_util.cuh"
@@ -70,20 +69,6 @@ __device__ __forceinline__ void load_token(const DecodeParams& p, std::int64_t s
   }
 }
 
-// |x| of 8 bf16 values as the bits of a non-negative float (orders like the value; NaN above inf).
-__device__ __forceinline__ std::uint32_t abs_max_bits(uint4 v) {
-  const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
-  std::uint32_t m = 0;
-#pragma unroll
-  for (int k = 0; k < 4; ++k) m = max(m, max(w[k] & 0x7fffu, (w[k] >> 16) & 0x7fffu));
-  return m << 16;
-}
-
-__device__ __forceinline__ std::uint32_t scale_to_half2(std::uint32_t bf16x2, float scale) {
-  const float2 f = unpack2<false>(bf16x2);
-  return float2_to_half2(f.x * scale, f.y * scale);
-}
-
 }  // namespace fp8frag
 
 __global__ void __launch_bounds__(fp8frag::kThreads, fp8frag::kMinBlocks)
@@ -125,20 +110,15 @@ __global__ void __launch_bounds__(fp8frag::kThreads, fp8frag::kMinBlocks)
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = g + 8 * h;
-    // Row scale 2^e with max|q| 2^e in [2^14, 2^15): exact for every bf16 value above 2^-29 of
-    // the row maximum; 2^-e is undone on the scores.
+    // Row scale 2^e (decode::q_row_exponent); 2^-e is undone on the scores.
     std::uint32_t m = 0;
 #pragma unroll
     for (int i = 0; i < 9; ++i)
-      m = max(m, max(abs_max_bits(q_chunk(r, i, 0)), abs_max_bits(q_chunk(r, i, 1))));
+      m = max(m,
+              max(decode::abs_max_bits(q_chunk(r, i, 0)), decode::abs_max_bits(q_chunk(r, i, 1))));
     m = max(m, __shfl_xor_sync(0xffffffffu, m, 1));
     m = max(m, __shfl_xor_sync(0xffffffffu, m, 2));
-    const float a = __uint_as_float(m);
-    int e = 0;
-    if (a > 0.0f && a <= FLT_MAX) {
-      frexpf(a, &e);  // a in [2^(e-1), 2^e)
-      e = min(max(15 - e, -120), 120);
-    }
+    const int e = decode::q_row_exponent(__uint_as_float(m));
     const float scale = ldexpf(1.0f, e);
     q_inv[h] = ldexpf(1.0f, -e);
 #pragma unroll
@@ -149,20 +129,15 @@ __global__ void __launch_bounds__(fp8frag::kThreads, fp8frag::kMinBlocks)
       std::uint32_t(&q)[4][4] = part == 0 ? qn : qr;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        q[j][h] = scale_to_half2(w[2 * j], scale);
-        q[j][h + 2] = scale_to_half2(w[2 * j + 1], scale);
+        q[j][h] = decode::scale_to_half2(w[2 * j], scale);
+        q[j][h + 2] = decode::scale_to_half2(w[2 * j + 1], scale);
       }
     }
   }
 
-  // Causal bound of the thread's rows g, g + 8 (last visible token, inclusive).
-  int row_limit[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = g + 8 * h;
-    const int qi = t.q_begin + r / t.head_count;
-    row_limit[h] = r >= rows ? -1 : (p.topk == 0 && p.causal) ? kv_len - qo_len + qi : INT32_MAX;
-  }
+  // Last visible token (inclusive) of the thread's rows g, g + 8.
+  const int limit[2] = {decode::row_limit(p, t, g, kv_len, qo_len),
+                        decode::row_limit(p, t, g + 8, kv_len, qo_len)};
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.0f, 0.0f};  // this thread's tokens only; summed over the CTA at the end
   float o[8][4];
@@ -240,7 +215,7 @@ __global__ void __launch_bounds__(fp8frag::kThreads, fp8frag::kMinBlocks)
     for (int i = 0; i < 4; ++i) {
       const int h = i / 2;
       const bool b = i % 2 == 1;
-      const bool ok = (b ? ok_b : ok_a) && j0 + (b ? tok_b : tok_a) <= row_limit[h];
+      const bool ok = (b ? ok_b : ok_a) && j0 + (b ? tok_b : tok_a) <= limit[h];
       s[i] = ok ? (nope[i] * p.scale_nope + acc_pe[i] * p.scale_pe) * q_inv[h] : -INFINITY;
     }
 #pragma unroll
@@ -326,11 +301,8 @@ __global__ void __launch_bounds__(fp8frag::kThreads, fp8frag::kMinBlocks)
     float l = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) l += red_sum[w * kRows + r];
-    // l == 0: the row saw nothing (o = 0, lse = -inf); l NaN: a NaN in the cache reached the row.
-    const float inv = l > 0.0f ? p.out_scale / l : l == 0.0f ? 0.0f : NAN;
-    const float lse = l > 0.0f    ? (row_max[h] + log2f(l)) * decode::kLn2
-                      : l == 0.0f ? -INFINITY
-                                  : NAN;
+    const decode::RowEnd end = decode::finish_row(row_max[h], l, p.out_scale);
+    const float inv = end.inv, lse = end.lse;
     const int tr = r / t.head_count;
     const std::int64_t head = t.head_begin + r % t.head_count;
     const std::int64_t token = q_first + tr;

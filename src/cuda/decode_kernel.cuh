@@ -260,10 +260,58 @@ __device__ __forceinline__ void dequantize_block(std::uint8_t* smem, int stage) 
   }
 }
 
+// ---- pieces both decode kernels use (this one and decode_fp8_kernel.cuh) ----
+
+// |x| of 8 bf16 values as the bits of a non-negative float (orders like the value; NaN above inf).
+__device__ __forceinline__ std::uint32_t abs_max_bits(uint4 v) {
+  const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  std::uint32_t m = 0;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) m = max(m, max(w[k] & 0x7fffu, (w[k] >> 16) & 0x7fffu));
+  return m << 16;
+}
+
+// fp16 tiles scale q row r by 2^e with max|q_r| * 2^e in [2^14, 2^15): exact for every bf16 value
+// above 2^-29 of the row maximum (smaller ones round at 2^-25 of it); 2^-e is undone on the
+// scores. Rows of zeros, inf or NaN keep e = 0.
+__device__ __forceinline__ int q_row_exponent(float amax) {
+  int e = 0;
+  if (amax > 0.0f && amax <= FLT_MAX) {
+    frexpf(amax, &e);  // amax in [2^(e-1), 2^e)
+    e = min(max(15 - e, -120), 120);
+  }
+  return e;
+}
+
+// Two bf16 values times `scale` as an f16x2 word.
+__device__ __forceinline__ std::uint32_t scale_to_half2(std::uint32_t bf16x2, float scale) {
+  const float2 f = unpack2<false>(bf16x2);
+  return float2_to_half2(f.x * scale, f.y * scale);
+}
+
+// The last cache token (inclusive) tile row r may see: -1 past the tile's rows, the causal bound
+// of its query token, or no bound.
+__device__ __forceinline__ int row_limit(const DecodeParams& p, const WorkTile& t, int r,
+                                         int kv_len, int qo_len) {
+  if (r >= t.q_count * t.head_count) return -1;
+  return p.topk == 0 && p.causal ? kv_len - qo_len + t.q_begin + r / t.head_count : INT32_MAX;
+}
+
+// Output scale (out_scale / l) and lse (natural log) of a finished row with log2-domain max m and
+// sum l. l == 0: the row saw nothing (o = 0, lse = -inf); l NaN: a NaN in the cache reached the
+// row (fmaxf skipped it in the max), so o and lse are NaN as in the reference.
+struct RowEnd {
+  float inv, lse;
+};
+__device__ __forceinline__ RowEnd finish_row(float m, float l, float out_scale) {
+  if (l > 0.0f) return {out_scale / l, (m + log2f(l)) * kLn2};
+  if (l == 0.0f) return {0.0f, -INFINITY};
+  return {NAN, NAN};
+}
+
 // Q rows of the tile into shared memory in the tensor cores' input type, zero rows past the
-// tile. fp16 tiles scale row r by 2^e_r with max|q_r| * 2^e_r in [2^14, 2^15): exact for every
-// bf16 value above max|q_r| * 2^-29 (smaller ones round at 2^-25 of the row maximum), and
-// kQInv holds 2^-e_r for the scores. Ends with a barrier.
+// tile. fp16 tiles scale row r by 2^e_r (q_row_exponent) and kQInv holds 2^-e_r for the scores.
+// Ends with a barrier.
 template <KvFormat F, int MT>
 __device__ __forceinline__ void load_q(const DecodeParams& p, const WorkTile& t, int q_first,
                                        std::uint8_t* smem) {
@@ -287,39 +335,25 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const WorkTile& t,
     __syncthreads();
     return;
   }
-  // |x| of non-negative floats orders like their bit patterns (NaN above inf).
   auto* amax = reinterpret_cast<unsigned*>(smem + S::kQAmax);
   auto* inv = reinterpret_cast<float*>(smem + S::kQInv);
   for (int r = threadIdx.x; r < kRows; r += kThreads) amax[r] = 0;
   __syncthreads();
   for (int i = threadIdx.x; i < kRows * 72; i += kThreads) {
     const int r = i / 72, c = i % 72;
-    const uint4 v = q_chunk(r, c);
-    const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
-    std::uint32_t m = 0;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) m = max(m, max(w[k] & 0x7fffu, (w[k] >> 16) & 0x7fffu));
-    if (r < rows) atomicMax(&amax[r], m << 16);  // bf16 bits -> float bits
+    if (r < rows) atomicMax(&amax[r], abs_max_bits(q_chunk(r, c)));
   }
   __syncthreads();
   for (int i = threadIdx.x; i < kRows * 72; i += kThreads) {
     const int r = i / 72, c = i % 72;
-    const float a = __uint_as_float(amax[r]);
-    int e = 0;
-    if (a > 0.0f && a <= FLT_MAX) {
-      frexpf(a, &e);  // a in [2^(e-1), 2^e)
-      e = min(max(15 - e, -120), 120);
-    }
+    const int e = q_row_exponent(__uint_as_float(amax[r]));
     const float scale = ldexpf(1.0f, e);
     if (c == 0) inv[r] = ldexpf(1.0f, -e);
     const uint4 v = q_chunk(r, c);
     const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
     std::uint32_t h[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float2 f = unpack2<false>(w[k]);
-      h[k] = float2_to_half2(f.x * scale, f.y * scale);
-    }
+    for (int k = 0; k < 4; ++k) h[k] = scale_to_half2(w[k], scale);
     *reinterpret_cast<uint4*>(q_s + 2 * (r * kRowElems + 8 * c)) =
         make_uint4(h[0], h[1], h[2], h[3]);
   }
@@ -380,18 +414,13 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
 #pragma unroll
     for (int n = 0; n < 8; ++n) o[m][n][0] = o[m][n][1] = o[m][n][2] = o[m][n][3] = 0.0f;
   }
-  // Causal bound of each of the thread's rows (last visible token, inclusive).
-  int row_limit[MT][2];
+  // Last visible token (inclusive) of each of the thread's rows.
+  int limit[MT][2];
 #pragma unroll
   for (int m = 0; m < MT; ++m)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = 16 * m + lane / 4 + 8 * h;
-      const int qi = t.q_begin + r / t.head_count;
-      row_limit[m][h] = r >= rows                   ? -1
-                        : (p.topk == 0 && p.causal) ? kv_len - qo_len + qi
-                                                    : INT32_MAX;
-    }
+    for (int h = 0; h < 2; ++h)
+      limit[m][h] = row_limit(p, t, 16 * m + lane / 4 + 8 * h, kv_len, qo_len);
 
   std::uint16_t* p_s = reinterpret_cast<std::uint16_t*>(smem + S::kP);
   constexpr bool kHalf = half_mma(F);
@@ -491,7 +520,7 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int h = i / 2, j = j0 + (i % 2);
-        const bool ok = tok_ok[i % 2] && j <= row_limit[m][h];
+        const bool ok = tok_ok[i % 2] && j <= limit[m][h];
         s[m][i] = ok ? (s_nope[0][m][i] * p.scale_nope + s_pe[0][m][i] * p.scale_pe) * q_inv[m][h]
                      : -INFINITY;
       }
@@ -582,11 +611,8 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
     for (int h = 0; h < 2; ++h) {
       const int r = 16 * m + lane / 4 + 8 * h;
       if (r >= rows) continue;
-      const float l = row_sum[m][h];
-      // l == 0: the row saw nothing (o = 0, lse = -inf); l NaN: a NaN in the cache reached the
-      // row (fmaxf skipped it in the max), so o and lse are NaN as in the reference.
-      const float inv = l > 0.0f ? p.out_scale / l : l == 0.0f ? 0.0f : NAN;
-      const float lse = l > 0.0f ? (row_max[m][h] + log2f(l)) * kLn2 : l == 0.0f ? -INFINITY : NAN;
+      const RowEnd end = finish_row(row_max[m][h], row_sum[m][h], p.out_scale);
+      const float inv = end.inv, lse = end.lse;
       const int tq = r / t.head_count;
       const std::int64_t head = t.head_begin + r % t.head_count;
       const std::int64_t token = q_first + tq;
