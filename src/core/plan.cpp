@@ -302,13 +302,14 @@ void partition(PlanState& s) {
     }
     return ceil_div(tiles, target) * (longest_tile + 64) + (tiles > groups ? 128 : 0);
   };
+  // Candidates from the largest down to c_min, each evaluated once.
   std::int64_t chunk = std::max(c_min, longest), best = cost(chunk);
-  for (std::int64_t n = 2; n <= ceil_div(longest, c_min); ++n) {
+  for (std::int64_t n = 2, last = chunk; last > c_min; ++n) {
     const std::int64_t c = std::max(c_min, round_up(ceil_div(longest, n), kChunkAlign));
-    const std::int64_t t = cost(c);
-    if (t < best) best = t, chunk = c;
+    if (c == last) continue;
+    last = c;
+    if (const std::int64_t t = cost(c); t < best) best = t, chunk = c;
   }
-  if (const std::int64_t t = cost(c_min); t < best) chunk = c_min;
 
   s.tiles.clear();
   s.num_splits.assign(s.batch, 1);
