@@ -243,10 +243,9 @@ int kernel_rows(const Problem& p, const PlanOptions& o) {
   return static_cast<int>(heads * std::min<std::int64_t>(q, b.max_q_per_tile));
 }
 
-int resolve_ctas_per_sm(const Problem& p, const PlanOptions& o) {
+int resolve_ctas_per_sm(const Problem& p, const PlanOptions& o, int rows) {
   if (o.ctas_per_sm > 0) return o.ctas_per_sm;
-  if (p.device == DeviceKind::cuda)
-    return detail::cuda_ctas_per_sm(p.kv_format, kernel_rows(p, o), p.device_id);
+  if (p.device == DeviceKind::cuda) return detail::cuda_ctas_per_sm(p.kv_format, rows, p.device_id);
   return 1;
 }
 
@@ -354,7 +353,8 @@ void validate(const Problem& p, const PlanOptions& o) {
   check_arrays(p, o);
 }
 
-// Everything but the device upload and the CPU workspace, for a validated problem.
+// Everything but the device upload and the CPU workspace, for a validated problem. ctas_per_sm
+// 0: resolve it (plan()); replan() passes the original plan's.
 PlanState build_state(const Problem& p, const PlanOptions& o, int sm_count, int ctas_per_sm) {
   PlanState s;
   s.num_heads = p.num_heads;
@@ -368,7 +368,8 @@ PlanState build_state(const Problem& p, const PlanOptions& o, int sm_count, int 
   s.device_id = p.device_id;
   s.options = o;
   s.sm_count = sm_count;
-  s.ctas_per_sm = ctas_per_sm;
+  s.kernel_rows = kernel_rows(p, o);
+  s.ctas_per_sm = ctas_per_sm > 0 ? ctas_per_sm : resolve_ctas_per_sm(p, o, s.kernel_rows);
   s.batch = static_cast<int>(p.qo_indptr.size() - 1);
   s.total_q = p.qo_indptr.back();
   s.qo_indptr.assign(p.qo_indptr.begin(), p.qo_indptr.end());
@@ -442,8 +443,8 @@ std::int64_t Plan::partial_rows() const {
 Plan plan(const Problem& problem, const PlanOptions& options) {
   // Validate before asking the device, so bad input reads as bad input in any build.
   validate(problem, options);
-  auto state = std::make_unique<PlanState>(build_state(
-      problem, options, resolve_sm_count(problem, options), resolve_ctas_per_sm(problem, options)));
+  auto state = std::make_unique<PlanState>(
+      build_state(problem, options, resolve_sm_count(problem, options), 0));
   if (state->device == DeviceKind::cuda) {
     detail::cuda_upload_plan(*state);
   } else {

@@ -31,6 +31,8 @@ struct PlanState {
   PlanOptions options;
   int sm_count = 0;     // resolved target width used by the partition
   int ctas_per_sm = 1;  // resolved tiles in flight per unit (options.ctas_per_sm or the kernel's)
+  int kernel_rows =
+      1;  // rows of the largest tile the kernel is chosen for (graph: any within max_*)
 
   int batch = 0;
   int total_q = 0;

@@ -112,11 +112,6 @@ void cuda_upload_plan(PlanState& plan) {
       b->cap_sparse = static_cast<std::int64_t>(o.max_total_q) * std::max(plan.topk, 0);
       b->cap_partial_rows = plan.partial_rows_capacity;
       b->cap_merge = static_cast<std::int64_t>(o.max_total_q) * plan.num_heads;
-      const int max_qo = o.max_qo_len > 0 ? o.max_qo_len : o.max_total_q;
-      const int rows_bound = plan.topk > 0 || plan.num_heads >= kMaxRowsPerTile
-                                 ? std::min(plan.num_heads, kMaxRowsPerTile)
-                                 : std::min(kMaxRowsPerTile, plan.num_heads * max_qo);
-      b->row_tiles = row_tiles_for(std::max(rows_bound, max_rows));
     } else {
       b->cap_batch = plan.batch;
       b->cap_tiles = static_cast<std::int64_t>(plan.tiles.size());
@@ -124,8 +119,9 @@ void cuda_upload_plan(PlanState& plan) {
       b->cap_sparse = static_cast<std::int64_t>(plan.sparse_indices.size());
       b->cap_partial_rows = plan.partial_rows;
       b->cap_merge = static_cast<std::int64_t>(merge.size());
-      b->row_tiles = row_tiles_for(max_rows);
     }
+    // The planner's bound (kernel_rows, the one its residency came from) covers every tile.
+    b->row_tiles = row_tiles_for(std::max(plan.kernel_rows, max_rows));
     b->tiles = alloc<WorkTile>(b->cap_tiles, b->device_id);
     b->counts = alloc<std::int32_t>(2, b->device_id);
     b->qo_indptr = alloc<std::int32_t>(b->cap_batch + 1, b->device_id);
