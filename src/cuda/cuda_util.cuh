@@ -76,17 +76,6 @@ __device__ __forceinline__ void mma_f16_16816(float (&d)[4], const std::uint32_t
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-// The tile kernels pick the tensor-core input type at compile time.
-template <bool kHalf>
-__device__ __forceinline__ void mma_16816(float (&d)[4], const std::uint32_t (&a)[4],
-                                          std::uint32_t b0, std::uint32_t b1) {
-  if constexpr (kHalf) {
-    mma_f16_16816(d, a, b0, b1);
-  } else {
-    mma_bf16_16816(d, a, b0, b1);
-  }
-}
-
 // Four e4m3 codes (one 32-bit word, lowest byte first) -> four exact fp16 values as two f16x2
 // words, one conversion instruction per pair (every e4m3 value, NaN included, is an fp16).
 __device__ __forceinline__ void fp8x4_to_half2x2(std::uint32_t codes, std::uint32_t& lo,
@@ -95,6 +84,13 @@ __device__ __forceinline__ void fp8x4_to_half2x2(std::uint32_t codes, std::uint3
       " cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
       : "=r"(lo), "=r"(hi)
       : "r"(codes));
+}
+
+// 2^x in one MUFU instruction (subnormal results flush to zero: softmax weights below 2^-126).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
 // Two e4m3 codes -> two exact floats (via the f16x2 conversion instruction).
@@ -110,14 +106,88 @@ __device__ __forceinline__ std::uint32_t float2_to_half2(float lo, float hi) {
   const __half2 v = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<const std::uint32_t*>(&v);
 }
-// Both halves of a packed pair as floats (the tensor-core input type picked at compile time).
-template <bool kHalf>
-__device__ __forceinline__ float2 unpack2(std::uint32_t v) {
-  if constexpr (kHalf) {
-    return __half22float2(*reinterpret_cast<const __half2*>(&v));
-  } else {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
-  }
+// Both halves of a bf16x2 word as floats.
+__device__ __forceinline__ float2 bf16x2_to_float2(std::uint32_t v) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
 }
+
+// ---- wgmma (sm_90a warpgroup MMA): 128 threads issue one asynchronous 64 x N x 16 product ----
+// Shared-memory operand descriptor for the 128-byte-swizzled layout: rows of 128 bytes, 16-byte
+// unit u of row r stored at unit u ^ (r % 8), 8-row atoms of 1024 bytes (the base must be
+// 1024-byte aligned up to the in-row offset). lbo / sbo: the byte strides the PTX ISA names
+// "leading" and "stride" dimension offsets for the operand's major-ness.
+__device__ __forceinline__ std::uint64_t wgmma_desc(const void* smem, std::uint32_t lbo,
+                                                    std::uint32_t sbo) {
+  return static_cast<std::uint64_t>((smem_addr(smem) & 0x3ffffu) >> 4) |
+         static_cast<std::uint64_t>((lbo >> 4) & 0x3fffu) << 16 |
+         static_cast<std::uint64_t>((sbo >> 4) & 0x3fffu) << 32 | 1ull << 62;
+}
+// A descriptor moved by `bytes` (a multiple of 16 that keeps the address in shared memory).
+// Only the low word changes: the 14-bit address field cannot carry (shared memory < 256 KB).
+__device__ __forceinline__ std::uint64_t desc_add(std::uint64_t desc, std::uint32_t bytes) {
+  const auto lo = static_cast<std::uint32_t>(desc) + (bytes >> 4);
+  return (desc & 0xffffffff00000000ull) | lo;
+}
+// Byte offset of (row, byte) in a 128-byte-swizzled panel.
+__device__ __forceinline__ int sw128(int row, int byte) {
+  return row * 128 + ((((byte >> 4) ^ row) & 7) << 4) + (byte & 15);
+}
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from touching accumulators across an in-flight wgmma (their registers are
+// written asynchronously): call on them after wgmma_wait and before reading them.
+template <int N>
+__device__ __forceinline__ void wgmma_fence_operand(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// Generic-proxy shared-memory writes (st.shared) made visible to wgmma's async proxy; before the
+// barrier that publishes them.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+#define FP8MLA_WGMMA_D32                                                                          \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),    \
+      "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),  \
+      "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),  \
+      "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+// D (64 x 64 fp32, the m64nNk16 fragment layout) (+)= A (64 x 16 fp16, shared memory, K-major) *
+// B (16 x 64 fp16, shared memory; kTransB = 0: K-major, 1: N-major). accumulate = 0: D = A * B.
+template <int kTransB>
+__device__ __forceinline__ void wgmma_64x64x16_ss(float (&d)[32], std::uint64_t a, std::uint64_t b,
+                                                  int accumulate) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
+      "%27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, %35;\n}\n"
+      : FP8MLA_WGMMA_D32
+      : "l"(a), "l"(b), "r"(accumulate), "n"(kTransB));
+}
+// The same with A (64 x 16 fp16) in registers: the mma.sync m16n8k16 A fragment of each warp's 16
+// rows (warp w of the warpgroup holds rows 16 w .. 16 w + 15).
+template <int kTransB>
+__device__ __forceinline__ void wgmma_64x64x16_rs(float (&d)[32], const std::uint32_t (&a)[4],
+                                                  std::uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
+      "%27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, "
+      "1, %38;\n}\n"
+      : FP8MLA_WGMMA_D32
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate), "n"(kTransB));
+}
+#undef FP8MLA_WGMMA_D32
 
 }  // namespace fp8mla::detail

@@ -8,6 +8,7 @@
 #include "src/cuda/cuda_util.cuh"
 #include "src/cuda/decode_fp8_kernel.cuh"
 #include "src/cuda/decode_kernel.cuh"
+#include "src/cuda/decode_wgmma_kernel.cuh"
 #include "src/cuda/plan_buffers.h"
 
 namespace fp8mla::detail {
@@ -134,8 +135,9 @@ constexpr int row_tile_index(int mt) {
 // (decode_fp8_kernel.cuh); the rest share the shared-memory-tile kernel.
 const std::array<std::array<KernelEntry, 3>, 3> kDecodeKernels = {{
     {entry<KvFormat::bf16, 1>(), entry<KvFormat::bf16, 2>(), entry<KvFormat::bf16, 4>()},
-    {KernelEntry{&mla_decode_fp8_kernel, fp8frag::kSmemBytes}, entry<KvFormat::fp8_e4m3, 2>(),
-     entry<KvFormat::fp8_e4m3, 4>()},
+    {KernelEntry{&mla_decode_fp8_kernel, fp8frag::kSmemBytes},
+     KernelEntry{&mla_decode_wgmma_kernel, wg::kSmemBytes},
+     KernelEntry{&mla_decode_wgmma_kernel, wg::kSmemBytes}},
     {entry<KvFormat::fp8_e4m3_block, 1>(), entry<KvFormat::fp8_e4m3_block, 2>(),
      entry<KvFormat::fp8_e4m3_block, 4>()},
 }};

@@ -53,20 +53,12 @@ inline constexpr int kSmemBytes = kFlags + kStages * kBlockN;
 inline constexpr int kMinBlocks = 2;
 static_assert(kMinBlocks * (kSmemBytes + 1024) <= 228 * 1024, "two CTAs must fit an SM");
 
-// cp.async of the thread's token (slot from entry_slot) into `stage`: 4 threads per token,
-// 9 x 16 bytes each; skipped tokens are zero-filled and flagged.
+// cp.async of the thread's token (slot from entry_slot) into `stage` (decode::copy_fp8_token).
 __device__ __forceinline__ void load_token(const DecodeParams& p, std::int64_t slot,
                                            std::uint8_t* smem, int stage) {
-  const int tok = threadIdx.x / 4, sub = threadIdx.x % 4;
-  const bool valid = slot >= 0;
-  const decode::TokenAddr a = decode::slot_addr(p, slot);
-  if (sub == 0) smem[kFlags + stage * kBlockN + tok] = valid ? 1 : 0;
-  std::uint8_t* dst = smem + kRaw + stage * kStageBytes + tok * kPitch;
-#pragma unroll
-  for (int c = sub; c < 36; c += 4) {
-    const std::uint8_t* src = c < 32 ? a.ckv + 16 * c : a.kpe + 16 * (c - 32);
-    cp_async_16(dst + 16 * c, valid ? src : p.ckv, valid);
-  }
+  const int tok = threadIdx.x / 4;
+  decode::copy_fp8_token(p, slot, smem + kRaw + stage * kStageBytes + tok * kPitch,
+                         smem + kFlags + stage * kBlockN + tok);
 }
 
 }  // namespace fp8frag
@@ -319,9 +311,7 @@ __global__ void __launch_bounds__(fp8frag::kThreads, fp8frag::kMinBlocks)
       if (p.lse != nullptr && warp == 0 && tq == 0)
         p.lse[token * p.lse_stride[0] + head * p.lse_stride[1]] = lse;
     } else {
-      const std::int64_t prow =
-          p.partial_offset[t.request] +
-          (static_cast<std::int64_t>(t.split) * qo_len + t.q_begin + tr) * p.num_heads + head;
+      const std::int64_t prow = decode::partial_row(p, t, qo_len, tr, head);
       float* dst = p.partial_o + prow * 512 + col0;
 #pragma unroll
       for (int n = 0; n < 8; n += 4) {

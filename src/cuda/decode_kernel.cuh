@@ -1,13 +1,12 @@
 // The shared-memory-tile MLA decode kernel: one CTA per WorkTile (request, query block, head
-// block, kv range). It runs every tile except fp8_e4m3 with <= 16 rows, which has its own kernel
-// (decode_fp8_kernel.cuh): bf16 caches, the 656-byte block format, and 17-64-row tiles.
+// block, kv range). It runs the bf16 and 656-byte block-format caches; fp8_e4m3 tiles have
+// their own kernels (decode_fp8_kernel.cuh: <= 16 rows, decode_wgmma_kernel.cuh: 17-64 rows).
 //
 // Per block of 64 cache tokens:
 //   1. cp.async the tokens' raw bytes (any format, paged or gathered per token, 16-byte vectors)
 //      into a shared staging buffer, kStages blocks ahead;
-//   2. fp8 formats: dequantize the staged codes into a 16-bit tile in shared memory (exact):
-//      fp16 for fp8_e4m3 (a per-tensor scale is applied to the scores and the output instead),
-//      bf16 for the block format (its power-of-two block scales applied in the conversion);
+//   2. block format: dequantize the staged codes into a bf16 tile in shared memory (exact: its
+//      power-of-two block scales applied in the conversion);
 //   3. S = Q K^T on tensor cores (mma.sync m16n8k16, fp32 accumulators): warp w owns tokens
 //      [8w, 8w + 8) of the block, all rows;
 //   4. online softmax in fp32 (log2 domain), row max and sum exchanged through shared memory;
@@ -36,21 +35,12 @@ inline constexpr int kPElems = kBlockN + 8;
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 
-// fp8_e4m3 (per-tensor scale) tiles run the tensor cores on fp16: every e4m3 code is an exact
-// fp16, one instruction converts two of them (bf16 needs e4m3 -> f16 -> f32 -> bf16: four
-// conversions per pair, and v3 spent most of its time there, bench/NOTES.md v4). Q is scaled
-// per row by a power of two into fp16 range (exact for the bf16 values that matter, see
-// load_q), P is in [0, 1]. The block format keeps bf16: its per-token scales are not bounded.
-constexpr bool half_mma(KvFormat f) {
-  return f == KvFormat::fp8_e4m3;
-}
-
 constexpr int raw_token_bytes(KvFormat f) {
-  return f == KvFormat::bf16 ? 0 : f == KvFormat::fp8_e4m3 ? 576 : 656;
+  return f == KvFormat::bf16 ? 0 : 656;
 }
 
 // Shared-memory plan of one instantiation. bf16 caches are staged straight into the bf16 tile
-// (kStages tiles); fp8 caches keep kStages raw staging buffers and one dequantized tile.
+// (kStages tiles); block-format caches keep kStages raw staging buffers and one bf16 tile.
 template <KvFormat F, int MT>
 struct Smem {
   static constexpr int kRows = 16 * MT;
@@ -59,14 +49,13 @@ struct Smem {
   static constexpr int kRawBytes = kBlockN * raw_token_bytes(F);
   static constexpr int kPBytes = kRows * kPElems * 2;
   static constexpr int kRedBytes = 2 * kWarps * kRows * 4;
-  static constexpr int kFlagBytes = 3 * kBlockN;    // per stage (at most 3)
-  static constexpr int kQAuxBytes = 2 * kRows * 4;  // per-row |q| max and 2^-e (fp16 tiles)
-  // fp8 tiles of <= 16 rows load and dequantize straight from global memory into the 16-bit tile
+  static constexpr int kFlagBytes = 3 * kBlockN;  // per stage (at most 3)
+  // Block-format tiles of <= 16 rows load and dequantize straight from global memory into the tile
   // (no raw staging): ~98 KB and <= 128 registers let two CTAs share an SM, so one CTA's loads
   // overlap the other's math. v2 ran 1 CTA (8 warps) per SM and ncu showed it latency bound.
   static constexpr bool kDirect = F != KvFormat::bf16 && MT == 1;
   static constexpr int kMinBlocks = kDirect ? 2 : 1;
-  static constexpr int fixed() { return kQBytes + kPBytes + kRedBytes + kFlagBytes + kQAuxBytes; }
+  static constexpr int fixed() { return kQBytes + kPBytes + kRedBytes + kFlagBytes; }
   static constexpr int bytes_for(int stages) {
     return F == KvFormat::bf16 ? fixed() + stages * kTileBytes
            : kDirect           ? fixed() + kTileBytes
@@ -87,8 +76,6 @@ struct Smem {
   static constexpr int kRedMax = kP + kPBytes;
   static constexpr int kRedSum = kRedMax + kWarps * kRows * 4;
   static constexpr int kFlags = kRedSum + kWarps * kRows * 4;
-  static constexpr int kQAmax = kFlags + kFlagBytes;
-  static constexpr int kQInv = kQAmax + kRows * 4;
   static_assert(kBytes <= 227 * 1024, "tile does not fit in shared memory");
   static_assert(!kDirect || 2 * (kBytes + 1024) <= 228 * 1024, "two CTAs must fit an SM");
 };
@@ -132,6 +119,22 @@ __device__ __forceinline__ TokenAddr slot_addr(const DecodeParams& p, std::int64
       p.kpe == nullptr ? nullptr : p.kpe + page * p.kpe_page_stride + offset * p.kpe_token_stride};
 }
 
+// cp.async of the thread's fp8_e4m3 token (slot from entry_slot; 4 threads per token, 9 x 16
+// bytes each) into `row` (576 bytes); a skipped token is zero-filled and flagged 0.
+__device__ __forceinline__ void copy_fp8_token(const DecodeParams& p, std::int64_t slot,
+                                               std::uint8_t* row, std::uint8_t* flag) {
+  const int sub = threadIdx.x % 4;
+  const TokenAddr a = slot_addr(p, slot);
+  const bool valid = a.ckv != nullptr;
+  if (sub == 0) *flag = valid ? 1 : 0;
+#pragma unroll
+  for (int i = 0; i < 9; ++i) {  // a fixed trip count: unrolled, no loop branch
+    const int c = sub + 4 * i;
+    const std::uint8_t* src = c < 32 ? a.ckv + 16 * c : a.kpe + 16 * (c - 32);
+    cp_async_16(row + 16 * c, valid ? src : p.ckv, valid);  // p.ckv: a mapped address
+  }
+}
+
 // Issue the cp.async copies of the thread's token (slot from entry_slot) into stage `stage`;
 // 4 threads per token.
 template <KvFormat F, int MT>
@@ -149,29 +152,11 @@ __device__ __forceinline__ void load_block(const DecodeParams& p, std::int64_t s
       const std::uint8_t* src = c < 64 ? a.ckv + 16 * c : a.kpe + 16 * (c - 64);
       cp_async_16(dst + 16 * c, valid ? src : fallback, valid);
     }
-  } else if constexpr (F == KvFormat::fp8_e4m3) {
-    std::uint8_t* dst = smem + S::kRaw + stage * S::kRawBytes + tok * 576;
-    for (int c = sub; c < 36; c += 4) {
-      const std::uint8_t* src = c < 32 ? a.ckv + 16 * c : a.kpe + 16 * (c - 32);
-      cp_async_16(dst + 16 * c, valid ? src : fallback, valid);
-    }
   } else {
     std::uint8_t* dst = smem + S::kRaw + stage * S::kRawBytes + tok * 656;
     for (int c = sub; c < 41; c += 4)
       cp_async_16(dst + 16 * c, valid ? a.ckv + 16 * c : fallback, valid);
   }
-}
-
-// 16 e4m3 codes -> 16 fp16 values at dst (exact; the per-tensor scale is applied later).
-__device__ __forceinline__ void dequantize16_f16(uint4 codes, std::uint8_t* dst) {
-  uint4 a, b;
-  fp8x4_to_half2x2(codes.x, a.x, a.y);
-  fp8x4_to_half2x2(codes.y, a.z, a.w);
-  fp8x4_to_half2x2(codes.z, b.x, b.y);
-  fp8x4_to_half2x2(codes.w, b.z, b.w);
-  uint4* d = reinterpret_cast<uint4*>(dst);
-  d[0] = a;
-  d[1] = b;
 }
 
 // 16 e4m3 codes times a (power-of-two) scale -> 16 bf16 values at dst (exact).
@@ -196,7 +181,7 @@ template <KvFormat F, int MT>
 __device__ __forceinline__ void load_dequantize_block(const DecodeParams& p, std::int64_t slot,
                                                       std::uint8_t* smem) {
   using S = Smem<F, MT>;
-  constexpr int kChunks = F == KvFormat::fp8_e4m3 ? 9 : 10;  // 36 or 40 chunks / 4 threads
+  constexpr int kChunks = 10;  // 40 chunks / 4 threads
   const int tok = threadIdx.x / 4, sub = threadIdx.x % 4;
   const TokenAddr a = slot_addr(p, slot);
   const bool valid = a.ckv != nullptr;
@@ -209,22 +194,17 @@ __device__ __forceinline__ void load_dequantize_block(const DecodeParams& p, std
     v[i] = make_uint4(0, 0, 0, 0);
     scale[i] = 1.0f;
     if (valid) {
-      const std::uint8_t* src = c < 32                    ? a.ckv + 16 * c
-                                : F == KvFormat::fp8_e4m3 ? a.kpe + 16 * (c - 32)
-                                                          : a.ckv + 528 + 16 * (c - 32);
+      const std::uint8_t* src = c < 32 ? a.ckv + 16 * c : a.ckv + 528 + 16 * (c - 32);
       v[i] = __ldg(reinterpret_cast<const uint4*>(src));
-      if (F == KvFormat::fp8_e4m3_block && c < 32)
-        scale[i] = __ldg(reinterpret_cast<const float*>(a.ckv + 512) + c / 8);
+      if (c < 32) scale[i] = __ldg(reinterpret_cast<const float*>(a.ckv + 512) + c / 8);
     }
   }
   std::uint8_t* row = smem + S::kTile + tok * kRowElems * 2;
 #pragma unroll
   for (int i = 0; i < kChunks; ++i) {
     const int c = sub + 4 * i;
-    if (F == KvFormat::fp8_e4m3_block && c >= 32) {
+    if (c >= 32) {
       *reinterpret_cast<uint4*>(row + 2 * (512 + 8 * (c - 32))) = v[i];  // bf16 rope as is
-    } else if constexpr (half_mma(F)) {
-      dequantize16_f16(v[i], row + 2 * 16 * c);
     } else {
       dequantize16(v[i], scale[i], row + 2 * 16 * c);
     }
@@ -237,30 +217,23 @@ __device__ __forceinline__ void dequantize_block(std::uint8_t* smem, int stage) 
   using S = Smem<F, MT>;
   const std::uint8_t* raw = smem + S::kRaw + stage * S::kRawBytes;
   std::uint8_t* tile = smem + S::kTile;
-  constexpr int kItems = F == KvFormat::fp8_e4m3 ? 36 : 40;  // 16-code chunks (+ 8 rope chunks)
+  constexpr int kItems = 40;  // 32 16-code chunks + 8 rope chunks
   for (int i = threadIdx.x; i < kBlockN * kItems; i += kThreads) {
     const int tok = i / kItems, c = i % kItems;
     std::uint8_t* dst_row = tile + tok * kRowElems * 2;
-    if (F == KvFormat::fp8_e4m3_block && c >= 32) {
+    if (c >= 32) {
       // rope: 8 bf16 values copied as they are
       *reinterpret_cast<uint4*>(dst_row + 2 * (512 + 8 * (c - 32))) =
           *reinterpret_cast<const uint4*>(raw + tok * 656 + 528 + 16 * (c - 32));
       continue;
     }
-    const std::uint8_t* src = raw + tok * raw_token_bytes(F) + 16 * c;
-    if constexpr (half_mma(F)) {
-      dequantize16_f16(*reinterpret_cast<const uint4*>(src), dst_row + 2 * 16 * c);
-      continue;
-    }
-    float scale = 1.0f;
-    if constexpr (F == KvFormat::fp8_e4m3_block) {
-      scale = *reinterpret_cast<const float*>(raw + tok * 656 + 512 + 4 * (c / 8));
-    }
+    const std::uint8_t* src = raw + tok * 656 + 16 * c;
+    const float scale = *reinterpret_cast<const float*>(raw + tok * 656 + 512 + 4 * (c / 8));
     dequantize16(*reinterpret_cast<const uint4*>(src), scale, dst_row + 2 * 16 * c);
   }
 }
 
-// ---- pieces both decode kernels use (this one and decode_fp8_kernel.cuh) ----
+// ---- pieces shared with decode_fp8_kernel.cuh and decode_wgmma_kernel.cuh ----
 
 // |x| of 8 bf16 values as the bits of a non-negative float (orders like the value; NaN above inf).
 __device__ __forceinline__ std::uint32_t abs_max_bits(uint4 v) {
@@ -285,7 +258,7 @@ __device__ __forceinline__ int q_row_exponent(float amax) {
 
 // Two bf16 values times `scale` as an f16x2 word.
 __device__ __forceinline__ std::uint32_t scale_to_half2(std::uint32_t bf16x2, float scale) {
-  const float2 f = unpack2<false>(bf16x2);
+  const float2 f = bf16x2_to_float2(bf16x2);
   return float2_to_half2(f.x * scale, f.y * scale);
 }
 
@@ -295,6 +268,14 @@ __device__ __forceinline__ int row_limit(const DecodeParams& p, const WorkTile& 
                                          int kv_len, int qo_len) {
   if (r >= t.q_count * t.head_count) return -1;
   return p.topk == 0 && p.causal ? kv_len - qo_len + t.q_begin + r / t.head_count : INT32_MAX;
+}
+
+// Partial-output row of a split tile's query token q_begin + tr, head `head`: the request's
+// partial rows are [split][query token][head].
+__device__ __forceinline__ std::int64_t partial_row(const DecodeParams& p, const WorkTile& t,
+                                                    int qo_len, int tr, std::int64_t head) {
+  return p.partial_offset[t.request] +
+         (static_cast<std::int64_t>(t.split) * qo_len + t.q_begin + tr) * p.num_heads + head;
 }
 
 // Output scale (out_scale / l) and lse (natural log) of a finished row with log2-domain max m and
@@ -309,53 +290,24 @@ __device__ __forceinline__ RowEnd finish_row(float m, float l, float out_scale) 
   return {NAN, NAN};
 }
 
-// Q rows of the tile into shared memory in the tensor cores' input type, zero rows past the
-// tile. fp16 tiles scale row r by 2^e_r (q_row_exponent) and kQInv holds 2^-e_r for the scores.
-// Ends with a barrier.
+// Q rows of the tile into shared memory (bf16), zero rows past the tile. Ends with a barrier.
 template <KvFormat F, int MT>
 __device__ __forceinline__ void load_q(const DecodeParams& p, const WorkTile& t, int q_first,
                                        std::uint8_t* smem) {
   using S = Smem<F, MT>;
-  constexpr int kRows = S::kRows;
   const int rows = t.q_count * t.head_count;
-  auto q_chunk = [&](int r, int c) {  // 8 bf16 values of row r, chunk c of 72
-    if (r >= rows) return make_uint4(0, 0, 0, 0);
-    const std::int64_t tok = q_first + r / t.head_count, h = t.head_begin + r % t.head_count;
-    const __nv_bfloat16* src =
-        c < 64 ? p.q_nope + tok * p.q_nope_stride[0] + h * p.q_nope_stride[1] + 8 * c
-               : p.q_pe + tok * p.q_pe_stride[0] + h * p.q_pe_stride[1] + 8 * (c - 64);
-    return *reinterpret_cast<const uint4*>(src);
-  };
   std::uint8_t* q_s = smem + S::kQ;
-  if constexpr (!half_mma(F)) {
-    for (int i = threadIdx.x; i < kRows * 72; i += kThreads) {
-      const int r = i / 72, c = i % 72;
-      *reinterpret_cast<uint4*>(q_s + 2 * (r * kRowElems + 8 * c)) = q_chunk(r, c);
+  for (int i = threadIdx.x; i < S::kRows * 72; i += kThreads) {
+    const int r = i / 72, c = i % 72;  // 8 bf16 values of row r, chunk c of 72
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r < rows) {
+      const std::int64_t tok = q_first + r / t.head_count, h = t.head_begin + r % t.head_count;
+      const __nv_bfloat16* src =
+          c < 64 ? p.q_nope + tok * p.q_nope_stride[0] + h * p.q_nope_stride[1] + 8 * c
+                 : p.q_pe + tok * p.q_pe_stride[0] + h * p.q_pe_stride[1] + 8 * (c - 64);
+      v = *reinterpret_cast<const uint4*>(src);
     }
-    __syncthreads();
-    return;
-  }
-  auto* amax = reinterpret_cast<unsigned*>(smem + S::kQAmax);
-  auto* inv = reinterpret_cast<float*>(smem + S::kQInv);
-  for (int r = threadIdx.x; r < kRows; r += kThreads) amax[r] = 0;
-  __syncthreads();
-  for (int i = threadIdx.x; i < kRows * 72; i += kThreads) {
-    const int r = i / 72, c = i % 72;
-    if (r < rows) atomicMax(&amax[r], abs_max_bits(q_chunk(r, c)));
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < kRows * 72; i += kThreads) {
-    const int r = i / 72, c = i % 72;
-    const int e = q_row_exponent(__uint_as_float(amax[r]));
-    const float scale = ldexpf(1.0f, e);
-    if (c == 0) inv[r] = ldexpf(1.0f, -e);
-    const uint4 v = q_chunk(r, c);
-    const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
-    std::uint32_t h[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) h[k] = scale_to_half2(w[k], scale);
-    *reinterpret_cast<uint4*>(q_s + 2 * (r * kRowElems + 8 * c)) =
-        make_uint4(h[0], h[1], h[2], h[3]);
+    *reinterpret_cast<uint4*>(q_s + 2 * (r * kRowElems + 8 * c)) = v;
   }
   __syncthreads();
 }
@@ -423,15 +375,6 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
       limit[m][h] = row_limit(p, t, 16 * m + lane / 4 + 8 * h, kv_len, qo_len);
 
   std::uint16_t* p_s = reinterpret_cast<std::uint16_t*>(smem + S::kP);
-  constexpr bool kHalf = half_mma(F);
-  // Undoes the per-row scaling of fp16 Q (1 otherwise).
-  float q_inv[MT][2];
-#pragma unroll
-  for (int m = 0; m < MT; ++m)
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      q_inv[m][h] =
-          kHalf ? reinterpret_cast<const float*>(smem + S::kQInv)[16 * m + lane / 4 + 8 * h] : 1.0f;
   float* red_max = reinterpret_cast<float*>(smem + S::kRedMax);
   float* red_sum = reinterpret_cast<float*>(smem + S::kRedSum);
 
@@ -481,15 +424,15 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
 #pragma unroll
       for (int m = 0; m < MT; ++m) {
         if constexpr (kQInRegs) {
-          mma_16816<kHalf>(acc[0][m], q_frag[k], b[0], b[1]);
-          mma_16816<kHalf>(acc[kChains - 1][m], q_frag[k + 1], b[2], b[3]);
+          mma_bf16_16816(acc[0][m], q_frag[k], b[0], b[1]);
+          mma_bf16_16816(acc[kChains - 1][m], q_frag[k + 1], b[2], b[3]);
         } else {
           std::uint32_t a0[4], a1[4];
           const std::uint16_t* q_row = q_s + (16 * m + lane % 16) * kRowElems + (lane / 16) * 8;
           ldmatrix_x4(a0, q_row + 16 * k);
           ldmatrix_x4(a1, q_row + 16 * (k + 1));
-          mma_16816<kHalf>(acc[0][m], a0, b[0], b[1]);
-          mma_16816<kHalf>(acc[kChains - 1][m], a1, b[2], b[3]);
+          mma_bf16_16816(acc[0][m], a0, b[0], b[1]);
+          mma_bf16_16816(acc[kChains - 1][m], a1, b[2], b[3]);
         }
       }
     };
@@ -521,8 +464,7 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
       for (int i = 0; i < 4; ++i) {
         const int h = i / 2, j = j0 + (i % 2);
         const bool ok = tok_ok[i % 2] && j <= limit[m][h];
-        s[m][i] = ok ? (s_nope[0][m][i] * p.scale_nope + s_pe[0][m][i] * p.scale_pe) * q_inv[m][h]
-                     : -INFINITY;
+        s[m][i] = ok ? s_nope[0][m][i] * p.scale_nope + s_pe[0][m][i] * p.scale_pe : -INFINITY;
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -548,10 +490,10 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
         alpha[m][h] = exp2f(row_max[m][h] - base);
         row_max[m][h] = mx;
         const float p0 = exp2f(s[m][2 * h] - base), p1 = exp2f(s[m][2 * h + 1] - base);
-        const std::uint32_t pb = kHalf ? float2_to_half2(p0, p1) : float2_to_bf16x2(p0, p1);
+        const std::uint32_t pb = float2_to_bf16x2(p0, p1);
         *reinterpret_cast<std::uint32_t*>(p_s + r * kPElems + tok0) = pb;
         // Sum what the tensor cores will multiply (the rounded p), so o / l stays exact.
-        const float2 pr = unpack2<kHalf>(pb);
+        const float2 pr = bf16x2_to_float2(pb);
         float sum = pr.x + pr.y;
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
@@ -588,8 +530,8 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
         ldmatrix_x4_trans(b, k_s + v_tok * kRowElems + 64 * warp + 16 * np + (lane / 16) * 8);
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
-          mma_16816<kHalf>(o[m][2 * np], a[m], b[0], b[1]);
-          mma_16816<kHalf>(o[m][2 * np + 1], a[m], b[2], b[3]);
+          mma_bf16_16816(o[m][2 * np], a[m], b[0], b[1]);
+          mma_bf16_16816(o[m][2 * np + 1], a[m], b[2], b[3]);
         }
       }
     }
@@ -626,9 +568,7 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
         if (p.lse != nullptr && warp == 0 && lane % 4 == 0)
           p.lse[token * p.lse_stride[0] + head * p.lse_stride[1]] = lse;
       } else {
-        const std::int64_t prow =
-            p.partial_offset[t.request] +
-            (static_cast<std::int64_t>(t.split) * qo_len + t.q_begin + tq) * p.num_heads + head;
+        const std::int64_t prow = partial_row(p, t, qo_len, tq, head);
         float* dst = p.partial_o + prow * 512;
 #pragma unroll
         for (int n = 0; n < 8; ++n)

@@ -201,6 +201,9 @@ const GridCase kGrid[] = {
     {F8, 8, 16, 4, 1, 2, true, 1, 600, FU, 1.0f, 1.0f},
     {F8, 4, 1, 3, 2, 4, true, 4, 900, SP, 2.0f, 0.5f},
     {F8, 2, 64, 3, 1, 8, true, 8, 1300, FU, 1.0f, 1.0f},
+    // 17-64-row fp8 tiles (the wgmma kernel) with kpe_scale != ckv_scale: q_pe carries the ratio
+    {F8, 32, 16, 3, 1, 1, false, 1, 500, SP, 2.0f, 0.5f},
+    {F8, 128, 64, 2, 1, 2, true, 1, 700, FU, 0.5f, 4.0f},
 };
 
 class CudaDecodeGrid : public ::testing::TestWithParam<GridCase> {};
