@@ -155,39 +155,81 @@ __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// The asm statements below differ only in the input type (TY: "f16" or "bf16").
 #define FP8MLA_WGMMA_D32                                                                          \
   "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),    \
       "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),  \
       "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),  \
       "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-// D (64 x 64 fp32, the m64nNk16 fragment layout) (+)= A (64 x 16 fp16, shared memory, K-major) *
-// B (16 x 64 fp16, shared memory; kTransB = 0: K-major, 1: N-major). accumulate = 0: D = A * B.
-template <int kTransB>
+#define FP8MLA_WGMMA_D16                                                                          \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),    \
+      "+f"(d[15])
+#define FP8MLA_WGMMA_64x64_SS(TY)                                                                \
+  asm volatile(                                                                                  \
+      "{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"                                             \
+      " wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY                                   \
+      " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "  \
+      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, " \
+      "%35;\n}\n"                                                                                \
+      : FP8MLA_WGMMA_D32                                                                         \
+      : "l"(a), "l"(b), "r"(accumulate), "n"(kTransB))
+#define FP8MLA_WGMMA_64x64_RS(TY)                                                                \
+  asm volatile(                                                                                  \
+      "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"                                             \
+      " wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY                                   \
+      " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "  \
+      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, " \
+      "%36, p, 1, 1, %38;\n}\n"                                                                  \
+      : FP8MLA_WGMMA_D32                                                                         \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate), "n"(kTransB))
+#define FP8MLA_WGMMA_64x32_SS(TY)                                                                 \
+  asm volatile(                                                                                   \
+      "{\n .reg .pred p;\n setp.ne.b32 p, %18, 0;\n"                                              \
+      " wgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY                                    \
+      " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, " \
+      "1, 0, 0;\n}\n"                                                                             \
+      : FP8MLA_WGMMA_D16                                                                          \
+      : "l"(a), "l"(b), "r"(accumulate))
+// D (64 x 64 fp32, the m64nNk16 fragment layout) (+)= A (64 x 16, shared memory, K-major) *
+// B (16 x 64, shared memory; kTransB = 0: K-major, 1: N-major); inputs bf16 (kBf16) or fp16.
+// accumulate = 0: D = A * B.
+template <int kTransB, bool kBf16>
 __device__ __forceinline__ void wgmma_64x64x16_ss(float (&d)[32], std::uint64_t a, std::uint64_t b,
                                                   int accumulate) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
-      " wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
-      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
-      "%27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, %35;\n}\n"
-      : FP8MLA_WGMMA_D32
-      : "l"(a), "l"(b), "r"(accumulate), "n"(kTransB));
+  if constexpr (kBf16) {
+    FP8MLA_WGMMA_64x64_SS("bf16");
+  } else {
+    FP8MLA_WGMMA_64x64_SS("f16");
+  }
 }
-// The same with A (64 x 16 fp16) in registers: the mma.sync m16n8k16 A fragment of each warp's 16
+// The same with A (64 x 16) in registers: the mma.sync m16n8k16 A fragment of each warp's 16
 // rows (warp w of the warpgroup holds rows 16 w .. 16 w + 15).
-template <int kTransB>
+template <int kTransB, bool kBf16>
 __device__ __forceinline__ void wgmma_64x64x16_rs(float (&d)[32], const std::uint32_t (&a)[4],
                                                   std::uint64_t b, int accumulate) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
-      " wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
-      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
-      "%27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, "
-      "1, %38;\n}\n"
-      : FP8MLA_WGMMA_D32
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate), "n"(kTransB));
+  if constexpr (kBf16) {
+    FP8MLA_WGMMA_64x64_RS("bf16");
+  } else {
+    FP8MLA_WGMMA_64x64_RS("f16");
+  }
 }
+// D (64 x 32 fp32) (+)= A (64 x 16, shared memory, K-major) * B (16 x 32, shared memory,
+// K-major).
+template <bool kBf16>
+__device__ __forceinline__ void wgmma_64x32x16_ss(float (&d)[16], std::uint64_t a, std::uint64_t b,
+                                                  int accumulate) {
+  if constexpr (kBf16) {
+    FP8MLA_WGMMA_64x32_SS("bf16");
+  } else {
+    FP8MLA_WGMMA_64x32_SS("f16");
+  }
+}
+#undef FP8MLA_WGMMA_64x32_SS
+#undef FP8MLA_WGMMA_64x64_RS
+#undef FP8MLA_WGMMA_64x64_SS
+#undef FP8MLA_WGMMA_D16
 #undef FP8MLA_WGMMA_D32
 
 }  // namespace fp8mla::detail

@@ -92,9 +92,11 @@ struct TokenAddr {
 // overlaps a block of math. v6 stalled every warp on this load right after a barrier (1.4
 // long-scoreboard cycles per instruction), and v7's first try, which also computed the slot at
 // once, stalled on the use instead (bench/NOTES.md). kv_base = kv_indptr[request].
+// kBlock: the kernel's tokens per block; kPerToken: threads per token.
+template <int kBlock = kBlockN, int kPerToken = 4>
 __device__ __forceinline__ std::int32_t token_entry(const DecodeParams& p, const WorkTile& t,
                                                     int q_token, std::int32_t kv_base, int blk) {
-  const int j = t.kv_begin + blk * kBlockN + static_cast<int>(threadIdx.x) / 4;
+  const int j = t.kv_begin + blk * kBlock + static_cast<int>(threadIdx.x) / kPerToken;
   std::int32_t e = 0;  // a predicated load: nothing waits on it here
   if (j < t.kv_end)
     e = p.topk > 0 ? p.sparse_indices[static_cast<std::int64_t>(q_token) * p.topk + j]
@@ -103,9 +105,10 @@ __device__ __forceinline__ std::int32_t token_entry(const DecodeParams& p, const
 }
 
 // Pool slot (page * page_size + offset) of that token, or -1 when it is past the tile or skipped.
+template <int kBlock = kBlockN, int kPerToken = 4>
 __device__ __forceinline__ std::int64_t entry_slot(const DecodeParams& p, const WorkTile& t,
                                                    int blk, std::int32_t e) {
-  const int j = t.kv_begin + blk * kBlockN + static_cast<int>(threadIdx.x) / 4;
+  const int j = t.kv_begin + blk * kBlock + static_cast<int>(threadIdx.x) / kPerToken;
   if (j >= t.kv_end) return -1;
   if (p.topk > 0) return e < 0 || e >= p.pool_slots ? -1 : e;
   return (static_cast<std::int64_t>(e) << p.page_shift) | (j & ((1 << p.page_shift) - 1));

@@ -204,6 +204,9 @@ const GridCase kGrid[] = {
     // 17-64-row fp8 tiles (the wgmma kernel) with kpe_scale != ckv_scale: q_pe carries the ratio
     {F8, 32, 16, 3, 1, 1, false, 1, 500, SP, 2.0f, 0.5f},
     {F8, 128, 64, 2, 1, 2, true, 1, 700, FU, 0.5f, 4.0f},
+    // 17-64-row bf16 tiles (the wgmma kernel, 32-token blocks): page 1, causal, long enough to
+    // split
+    {BF, 64, 1, 2, 1, 2, true, 300, 2500, SP, 1.0f, 1.0f},
 };
 
 class CudaDecodeGrid : public ::testing::TestWithParam<GridCase> {};
