@@ -201,10 +201,10 @@ __global__ void __launch_bounds__(wg::kThreads, 1) mla_decode_wgmma_kernel(const
 
   const std::int32_t kv_base = p.topk > 0 ? 0 : p.kv_indptr[t.request];
   std::uint8_t* flags = smem + L::kFlags;
-  // fp8: this thread's token of the block in flight is present (all present: no flag reads).
   std::int64_t slot = -1;
+  // fp8: this thread's token of the block in flight is present (all present: no flag reads).
   bool staged_valid = false;
-  std::int32_t next_entry = 0;
+  std::int32_t next_entry = 0;  // page-table entry of the next block to stage (token_entry)
   if constexpr (L::kBf16) {
     next_entry = decode::token_entry<kN, 8>(p, t, q_first, kv_base, 0);
     stage_bf16_block(p, t, q_first, kv_base, 0, next_entry, smem);
