@@ -172,8 +172,8 @@ __global__ void __launch_bounds__(fp8frag::kThreads, fp8frag::kMinBlocks)
         std::uint32_t b0, b1, c0, c1;
         fp8x4_to_half2x2(w0[j], b0, b1);
         fp8x4_to_half2x2(w1[j], c0, c1);
-        mma_f16_16816(acc[n], qn[j], b0, b1);
-        mma_f16_16816(acc[n + 1], qn[j], c0, c1);
+        mma_16816<false>(acc[n], qn[j], b0, b1);
+        mma_16816<false>(acc[n + 1], qn[j], c0, c1);
       }
 #pragma unroll
       for (int m = n; m < n + 2; ++m)
@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(fp8frag::kThreads, fp8frag::kMinBlocks)
       for (int j = 0; j < 4; ++j) {
         std::uint32_t b0, b1;
         fp8x4_to_half2x2(w[j], b0, b1);
-        mma_f16_16816(acc_pe, qr[j], b0, b1);
+        mma_16816<false>(acc_pe, qr[j], b0, b1);
       }
     }
     __syncthreads();
@@ -270,7 +270,7 @@ __global__ void __launch_bounds__(fp8frag::kThreads, fp8frag::kMinBlocks)
       fp8x4_to_half2x2(__byte_perm(v8.y, v9.y, 0x5140), b1[4], b1[5]);
       fp8x4_to_half2x2(__byte_perm(v8.y, v9.y, 0x7362), b1[6], b1[7]);
 #pragma unroll
-      for (int n = 0; n < 8; ++n) mma_f16_16816(o[n], a, b0[n], b1[n]);
+      for (int n = 0; n < 8; ++n) mma_16816<false>(o[n], a, b0[n], b1[n]);
     }
   }
   cp_async_wait<0>();

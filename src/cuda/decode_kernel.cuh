@@ -427,15 +427,15 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
 #pragma unroll
       for (int m = 0; m < MT; ++m) {
         if constexpr (kQInRegs) {
-          mma_bf16_16816(acc[0][m], q_frag[k], b[0], b[1]);
-          mma_bf16_16816(acc[kChains - 1][m], q_frag[k + 1], b[2], b[3]);
+          mma_16816<true>(acc[0][m], q_frag[k], b[0], b[1]);
+          mma_16816<true>(acc[kChains - 1][m], q_frag[k + 1], b[2], b[3]);
         } else {
           std::uint32_t a0[4], a1[4];
           const std::uint16_t* q_row = q_s + (16 * m + lane % 16) * kRowElems + (lane / 16) * 8;
           ldmatrix_x4(a0, q_row + 16 * k);
           ldmatrix_x4(a1, q_row + 16 * (k + 1));
-          mma_bf16_16816(acc[0][m], a0, b[0], b[1]);
-          mma_bf16_16816(acc[kChains - 1][m], a1, b[2], b[3]);
+          mma_16816<true>(acc[0][m], a0, b[0], b[1]);
+          mma_16816<true>(acc[kChains - 1][m], a1, b[2], b[3]);
         }
       }
     };
@@ -533,8 +533,8 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
         ldmatrix_x4_trans(b, k_s + v_tok * kRowElems + 64 * warp + 16 * np + (lane / 16) * 8);
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
-          mma_bf16_16816(o[m][2 * np], a[m], b[0], b[1]);
-          mma_bf16_16816(o[m][2 * np + 1], a[m], b[2], b[3]);
+          mma_16816<true>(o[m][2 * np], a[m], b[0], b[1]);
+          mma_16816<true>(o[m][2 * np + 1], a[m], b[2], b[3]);
         }
       }
     }

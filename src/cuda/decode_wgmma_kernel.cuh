@@ -169,6 +169,32 @@ __device__ __forceinline__ void s_steps(float (&s)[Layout<F>::kN / 2], std::uint
   wgmma_commit();
 }
 
+// The S exchange: float4 i of this thread's slots (xch[128 i]) holds s[4 i .. 4 i + 3].
+template <int kS>
+__device__ __forceinline__ void put_scores(const float (&s)[kS], float4* xch) {
+#pragma unroll
+  for (int i = 0; i < kS / 4; ++i)
+    xch[128 * i] = make_float4(s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]);
+}
+template <int kS>
+__device__ __forceinline__ void get_scores(float (&s)[kS], const float4* xch) {
+#pragma unroll
+  for (int i = 0; i < kS / 4; ++i) {
+    const float4 v = xch[128 * i];
+    s[4 * i] = v.x, s[4 * i + 1] = v.y, s[4 * i + 2] = v.z, s[4 * i + 3] = v.w;
+  }
+}
+// s += the slots, and the sum written back.
+template <int kS>
+__device__ __forceinline__ void add_scores(float (&s)[kS], float4* xch) {
+#pragma unroll
+  for (int i = 0; i < kS / 4; ++i) {
+    const float4 v = xch[128 * i];
+    s[4 * i] += v.x, s[4 * i + 1] += v.y, s[4 * i + 2] += v.z, s[4 * i + 3] += v.w;
+    xch[128 * i] = make_float4(s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]);
+  }
+}
+
 // The running row max moves only when a block's max exceeds it by more than 2^8 (log2 units):
 // p = 2^(s - m) then stays below 256 (16-bit P keeps its relative precision, fp32 sums have
 // room), and the 128 rescaling multiplies per thread run only in the first blocks instead of in
@@ -289,28 +315,11 @@ __global__ void __launch_bounds__(wg::kThreads, 1) mla_decode_wgmma_kernel(const
     // The partial sums meet: warpgroup 1 adds warpgroup 0's and hands the total back, so both
     // hold bit-identical scores. Whole-CTA barriers: racecheck reported hazards on a
     // bar.arrive / bar.sync hand-off (bench/NOTES.md, v9), and these cost little here.
-    if (group == 0) {
-#pragma unroll
-      for (int i = 0; i < kN / 8; ++i)
-        xch[128 * i] = make_float4(s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]);
-    }
+    if (group == 0) put_scores(s, xch);
     __syncthreads();
-    if (group == 1) {
-#pragma unroll
-      for (int i = 0; i < kN / 8; ++i) {
-        const float4 v = xch[128 * i];
-        s[4 * i] += v.x, s[4 * i + 1] += v.y, s[4 * i + 2] += v.z, s[4 * i + 3] += v.w;
-        xch[128 * i] = make_float4(s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]);
-      }
-    }
+    if (group == 1) add_scores(s, xch);
     __syncthreads();
-    if (group == 0) {
-#pragma unroll
-      for (int i = 0; i < kN / 8; ++i) {
-        const float4 v = xch[128 * i];
-        s[4 * i] = v.x, s[4 * i + 1] = v.y, s[4 * i + 2] = v.z, s[4 * i + 3] = v.w;
-      }
-    }
+    if (group == 0) get_scores(s, xch);
 
     // ---- masks and online softmax (fragment: s[r] is row 16 warp + g + 8 ((r / 2) % 2), token
     // 8 (r / 4) + 2 tq + r % 2); the max is taken on unscaled scores ----
