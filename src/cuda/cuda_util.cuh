@@ -108,6 +108,17 @@ __device__ __forceinline__ float2 bf16x2_to_float2(std::uint32_t v) {
   return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
 }
 
+// Programmatic dependent launch: the split-KV merge is launched as a dependent of the decode
+// kernel, so its launch overlaps the decode's last wave. Every decode CTA lets it start once all
+// of them are running (launch_dependents); the merge waits for the decode grid to finish and its
+// writes to be visible (wait) before it reads a partial. No-ops without the launch attribute.
+__device__ __forceinline__ void pdl_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+__device__ __forceinline__ void pdl_wait() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+
 // ---- wgmma (sm_90a warpgroup MMA): 128 threads issue one asynchronous 64 x N x 16 product ----
 // Shared-memory operand descriptor for the 128-byte-swizzled layout: rows of 128 bytes, 16-byte
 // unit u of row r stored at unit u ^ (r % 8), 8-row atoms of 1024 bytes (the base must be

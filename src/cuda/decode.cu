@@ -32,6 +32,7 @@ template <int kCols>
 __global__ void __launch_bounds__(kMergeThreads) split_merge_kernel(const MergeParams p) {
   constexpr int kMergeQuads = kCols / 4;                     // threads across the columns
   constexpr int kMergeGroups = kMergeThreads / kMergeQuads;  // threads across the splits
+  pdl_wait();  // the decode grid's partials (launched as its programmatic dependent)
   const int item = blockIdx.x;
   if (item >= *p.num_items) return;
   const MergeItem it = p.items[item];
@@ -280,14 +281,23 @@ void cuda_run(PlanState& plan, const RunArgs& args) {
     m.lse = p.lse;
     m.lse_stride[0] = p.lse_stride[0];
     m.lse_stride[1] = p.lse_stride[1];
+    // A programmatic dependent of the decode launch (pdl_wait in the kernel): its launch
+    // overlaps the decode's last wave instead of following the decode's end.
+    cudaLaunchAttribute pdl{};
+    pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    pdl.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.blockDim = dim3(kMergeThreads);
+    cfg.stream = stream;
+    cfg.attrs = &pdl;
+    cfg.numAttrs = grid > 0 ? 1 : 0;
     if (b.graph || b.max_splits > 8) {
-      const dim3 grid(static_cast<unsigned>(merge_items), kDimCkv / 32);
-      split_merge_kernel<32><<<grid, kMergeThreads, 0, stream>>>(m);
+      cfg.gridDim = dim3(static_cast<unsigned>(merge_items), kDimCkv / 32);
+      FP8MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, split_merge_kernel<32>, m));
     } else {
-      split_merge_kernel<kDimCkv>
-          <<<static_cast<unsigned>(merge_items), kMergeThreads, 0, stream>>>(m);
+      cfg.gridDim = dim3(static_cast<unsigned>(merge_items));
+      FP8MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, split_merge_kernel<kDimCkv>, m));
     }
-    FP8MLA_CUDA_CHECK_LAUNCH("split_merge_kernel");
   }
 }
 

@@ -67,6 +67,7 @@ __global__ void __launch_bounds__(fp8frag::kThreads, fp8frag::kMinBlocks)
     mla_decode_fp8_kernel(const DecodeParams p) {
   using namespace fp8frag;
   if (static_cast<int>(blockIdx.x) >= *p.num_tiles) return;
+  pdl_launch_dependents();
   extern __shared__ __align__(128) std::uint8_t smem[];
   const WorkTile t = p.tiles[blockIdx.x];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

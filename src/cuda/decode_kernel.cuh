@@ -325,6 +325,7 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
   constexpr int kRows = S::kRows;
   constexpr int kStages = S::kStages;
   if (static_cast<int>(blockIdx.x) >= *p.num_tiles) return;
+  pdl_launch_dependents();
   extern __shared__ __align__(128) std::uint8_t smem[];
   const WorkTile t = p.tiles[blockIdx.x];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

@@ -209,6 +209,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1) mla_decode_wgmma_kernel(const
   using L = Layout<F>;
   constexpr int kN = L::kN;
   if (static_cast<int>(blockIdx.x) >= *p.num_tiles) return;
+  pdl_launch_dependents();
   extern __shared__ std::uint8_t smem_base[];
   // The swizzle atoms need 1024-byte alignment.
   std::uint8_t* smem = smem_base + ((1024 - smem_addr(smem_base) % 1024) % 1024);
