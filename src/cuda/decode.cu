@@ -32,13 +32,14 @@ template <int kCols>
 __global__ void __launch_bounds__(kMergeThreads) split_merge_kernel(const MergeParams p) {
   constexpr int kMergeQuads = kCols / 4;                     // threads across the columns
   constexpr int kMergeGroups = kMergeThreads / kMergeQuads;  // threads across the splits
-  pdl_wait();  // the decode grid's partials (launched as its programmatic dependent)
+  // The plan's arrays first: they do not depend on the decode grid, so their loads overlap it.
   const int item = blockIdx.x;
   if (item >= *p.num_items) return;
   const MergeItem it = p.items[item];
   const int qo = p.qo_indptr[it.request + 1] - p.qo_indptr[it.request];
   const int n = p.num_splits[it.request];
   const std::int64_t base = p.partial_offset[it.request] + it.row;
+  pdl_wait();  // the decode grid's partials (launched as its programmatic dependent)
   const std::int64_t stride = static_cast<std::int64_t>(qo) * p.num_heads;
   const int tid = threadIdx.x, quad = tid % kMergeQuads, group = tid / kMergeQuads;
   __shared__ float red[kMergeThreads / 32];

@@ -3,9 +3,10 @@
 // shared-memory tile: v1-v4 spent ~300 KB of shared-memory traffic per 64-token block (36.9 KB
 // from HBM) staging, dequantizing and re-reading a 16-bit tile, and took the same time per
 // token for fp8 and bf16 caches (bench/NOTES.md, v4-v7). Per block:
-//   * cp.async copies the raw 576-byte tokens, one block ahead, into rows of kPitch bytes (the
-//     pitch makes the fragment reads below bank-conflict free); the page-table entries are
-//     loaded one block earlier still (decode::token_entry);
+//   * the TMA engine copies the raw 576-byte tokens (one bulk copy each), one block ahead, into
+//     rows of kPitch bytes (the pitch makes the fragment reads below bank-conflict free),
+//     completing on a stage mbarrier; the page-table entries are loaded one block earlier
+//     still (decode::token_entry_of);
 //   * S = Q K^T: warp w owns nope dims [64 w, 64 w + 64) of all 64 tokens (8 independent mma
 //     chains) and the rope dims of its own 8 tokens; each thread reads 16 code bytes per 4
 //     k-steps and converts them (one cvt.rn.f16x2.e4m3x2 per pair, exact) straight into mma B
@@ -47,18 +48,27 @@ inline constexpr int kP = kRaw + kStages * kStageBytes;
 inline constexpr int kPart = kP + kRows * kPElems * 2;  // [warp][n-tile][lane] float4 partial S
 inline constexpr int kRed = kPart + kWarps * 8 * 32 * 16;
 inline constexpr int kFlags = kRed + kWarps * kRows * 4;
-inline constexpr int kSmemBytes = kFlags + kStages * kBlockN;
+inline constexpr int kBar = (kFlags + kStages * kBlockN + 7) / 8 * 8;  // a stage's mbarrier
+inline constexpr int kSmemBytes = kBar + kStages * 8;
+// Q's bf16 rows, stashed at kPart before the first block: a 16-byte pad per 1152-byte row keeps
+// the fragment reads of 8 rows at once off a single bank group.
+inline constexpr int kQPitch = 576 * 2 + 16;
+static_assert(kRows * kQPitch <= kRed - kPart && kRows * 4 <= kFlags - kRed, "Q stash fits");
 // Two CTAs per SM (16 warps): v5 ran one (255 registers, Q fragments of all 576 dims per
 // thread) and ncu showed it latency bound: 0.41 eligible warps per scheduler, 29% issue busy.
 inline constexpr int kMinBlocks = 2;
 static_assert(kMinBlocks * (kSmemBytes + 1024) <= 228 * 1024, "two CTAs must fit an SM");
 
-// cp.async of the thread's token (slot from entry_slot) into `stage` (decode::copy_fp8_token).
-__device__ __forceinline__ void load_token(const DecodeParams& p, std::int64_t slot,
-                                           std::uint8_t* smem, int stage) {
-  const int tok = threadIdx.x / 4;
-  decode::copy_fp8_token(p, slot, smem + kRaw + stage * kStageBytes + tok * kPitch,
-                         smem + kFlags + stage * kBlockN + tok);
+// Block `blk`'s copies into `stage` by the TMA engine, one token per bulk copier
+// (decode::bulk_token; page-table `entry` from token_entry_of). v7-v11 copied with cp.async, 16
+// bytes a thread: the copy instructions queued in the L1 and the warps waited on them (a quarter
+// of the stall samples; bench/NOTES.md v12).
+__device__ __forceinline__ void load_block(const DecodeParams& p, const WorkTile& t, int blk,
+                                           std::int32_t entry, std::uint8_t* smem, int stage) {
+  const int tok = decode::bulk_token();
+  decode::bulk_copy_token<512, 64>(p, decode::entry_slot_of<kBlockN>(p, t, blk, entry, tok),
+                                   smem + kRaw + stage * kStageBytes + tok * kPitch,
+                                   smem + kFlags + stage * kBlockN + tok, smem + kBar + 8 * stage);
 }
 
 }  // namespace fp8frag
@@ -66,58 +76,91 @@ __device__ __forceinline__ void load_token(const DecodeParams& p, std::int64_t s
 __global__ void __launch_bounds__(fp8frag::kThreads, fp8frag::kMinBlocks)
     mla_decode_fp8_kernel(const DecodeParams p) {
   using namespace fp8frag;
-  if (static_cast<int>(blockIdx.x) >= *p.num_tiles) return;
+  DeviceTile tile;
+  if (!decode::load_tile(p, tile)) return;
   pdl_launch_dependents();
   extern __shared__ __align__(128) std::uint8_t smem[];
-  const WorkTile t = p.tiles[blockIdx.x];
+  const WorkTile t = tile.tile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, tq = lane % 4;  // mma fragment row group and thread in group
   const int rows = t.q_count * t.head_count;
-  const int q_first = p.qo_indptr[t.request] + t.q_begin;
-  const int qo_len = p.qo_indptr[t.request + 1] - p.qo_indptr[t.request];
-  const int kv_len = p.topk > 0 ? 0 : p.kv_len[t.request];
+  const int q_first = tile.q_first;
+  const int qo_len = tile.qo_len;
+  const int kv_len = tile.kv_len;
   const int n_blocks = (t.kv_end - t.kv_begin + kBlockN - 1) / kBlockN;
 
   static_assert(kStages == 2, "the entry prefetch below assumes one block in flight");
-  const std::int32_t kv_base = p.topk > 0 ? 0 : p.kv_indptr[t.request];
-  load_token(p, decode::entry_slot(p, t, 0, decode::token_entry(p, t, q_first, kv_base, 0)), smem,
-             0);
-  cp_async_commit();
-  // The entry of the block issued in iteration 0, used only there (see token_entry).
-  std::int32_t next_entry = decode::token_entry(p, t, q_first, kv_base, 1);
+  const std::int32_t kv_base = tile.kv_base;
+  // Every global load of the prologue is issued before anything waits on one: the page-table
+  // entries of blocks 0 and 1 (next_entry: used only by iteration 0, see token_entry) and Q.
+  const bool copier = decode::bulk_copier();
+  std::int32_t entry0 = 0, next_entry = 0;
+  if (copier) {
+    entry0 = decode::token_entry_of<kBlockN>(p, t, q_first, kv_base, 0, decode::bulk_token());
+    next_entry = decode::token_entry_of<kBlockN>(p, t, q_first, kv_base, 1, decode::bulk_token());
+  }
+  // ---- Q: the CTA reads each row once (16 threads a row, 4.5 16-byte chunks each) into a
+  // bf16 stash in the partial-sum buffer (free until the first block's S), and the row's
+  // exponent (decode::q_row_exponent) into the reduction buffer. v7-v11 had every quad read its
+  // two rows whole for the maximum, then again for its fragments: ~3,500 instructions per warp
+  // before the first block, which dominated short requests (bench/NOTES.md v12).
+  const int q_r = threadIdx.x / 16, q_part = threadIdx.x % 16;  // row, thread within the row
+  uint4 q_v[5];
+  {
+    const std::int64_t tok = q_first + q_r / t.head_count, h = t.head_begin + q_r % t.head_count;
+    const __nv_bfloat16* nope = p.q_nope + tok * p.q_nope_stride[0] + h * p.q_nope_stride[1];
+    const __nv_bfloat16* pe = p.q_pe + tok * p.q_pe_stride[0] + h * p.q_pe_stride[1];
+#pragma unroll
+    for (int i = 0; i < 5; ++i) {
+      const int c = q_part + 16 * i;  // chunk: dims 8 c .. 8 c + 7 (nope 0..63, rope 64..71)
+      q_v[i] = make_uint4(0, 0, 0, 0);
+      if (c < 72 && q_r < rows)
+        q_v[i] = *reinterpret_cast<const uint4*>(c < 64 ? nope + 8 * c : pe + 8 * (c - 64));
+    }
+  }
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) mbar_init(smem + kBar + 8 * s, kBlockN);
+    fence_mbar_init();
+  }
+  __syncthreads();
+  if (copier) load_block(p, t, 0, entry0, smem, 0);
 
-  // ---- Q fragments: rows g and g + 8 of the warp's nope dims 64 warp + 16 tq + [0, 16)
-  // (k-steps 0..3 of its slice) and of rope dims 16 tq + [0, 16). k-step j pairs logical k
-  // (2 tq, 2 tq + 1) with dims +4 j, +4 j + 1 and (2 tq + 8, 2 tq + 9) with +4 j + 2, +4 j + 3:
-  // the layout of a 16-byte K read (below).
-  auto q_chunk = [&](int r, int i, int half) {  // 8 bf16 values: dims 64 i + 16 tq + 8 half
-    if (r >= rows) return make_uint4(0, 0, 0, 0);
-    const std::int64_t tok = q_first + r / t.head_count, h = t.head_begin + r % t.head_count;
-    const __nv_bfloat16* src =
-        i < 8 ? p.q_nope + tok * p.q_nope_stride[0] + h * p.q_nope_stride[1] + 64 * i
-              : p.q_pe + tok * p.q_pe_stride[0] + h * p.q_pe_stride[1];
-    return *reinterpret_cast<const uint4*>(src + 16 * tq + 8 * half);
-  };
+  std::uint8_t* q_stash = smem + kPart;
+  int* q_exp = reinterpret_cast<int*>(smem + kRed);
+  {
+    std::uint32_t m = 0;
+#pragma unroll
+    for (int i = 0; i < 5; ++i) {
+      const int c = q_part + 16 * i;
+      if (c < 72) {
+        m = max(m, decode::abs_max_bits(q_v[i]));
+        *reinterpret_cast<uint4*>(q_stash + q_r * kQPitch + 16 * c) = q_v[i];
+      }
+    }
+#pragma unroll
+    for (int x = 8; x >= 1; x /= 2) m = max(m, __shfl_xor_sync(0xffffffffu, m, x));
+    if (q_part == 0) q_exp[q_r] = decode::q_row_exponent(__uint_as_float(m));
+  }
+  __syncthreads();
+
+  // Fragments: rows g and g + 8 of the warp's nope dims 64 warp + 16 tq + [0, 16) (k-steps 0..3
+  // of its slice) and of rope dims 16 tq + [0, 16). k-step j pairs logical k (2 tq, 2 tq + 1)
+  // with dims +4 j, +4 j + 1 and (2 tq + 8, 2 tq + 9) with +4 j + 2, +4 j + 3: the layout of a
+  // 16-byte K read (below).
   float q_inv[2];
   std::uint32_t qn[4][4], qr[4][4];  // nope slice, rope
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = g + 8 * h;
-    // Row scale 2^e (decode::q_row_exponent); 2^-e is undone on the scores.
-    std::uint32_t m = 0;
-#pragma unroll
-    for (int i = 0; i < 9; ++i)
-      m = max(m,
-              max(decode::abs_max_bits(q_chunk(r, i, 0)), decode::abs_max_bits(q_chunk(r, i, 1))));
-    m = max(m, __shfl_xor_sync(0xffffffffu, m, 1));
-    m = max(m, __shfl_xor_sync(0xffffffffu, m, 2));
-    const int e = decode::q_row_exponent(__uint_as_float(m));
-    const float scale = ldexpf(1.0f, e);
-    q_inv[h] = ldexpf(1.0f, -e);
+    // Row scale 2^e; 2^-e is undone on the scores.
+    const int e = q_exp[r];
+    const float scale = __int_as_float((127 + e) << 23);
+    q_inv[h] = __int_as_float((127 - e) << 23);
 #pragma unroll
     for (int part = 0; part < 2; ++part) {
-      const int i = part == 0 ? warp : 8;
-      const uint4 lo = q_chunk(r, i, 0), hi = q_chunk(r, i, 1);
+      const std::uint8_t* src = q_stash + r * kQPitch + 2 * (64 * (part == 0 ? warp : 8) + 16 * tq);
+      const uint4 lo = *reinterpret_cast<const uint4*>(src);
+      const uint4 hi = *reinterpret_cast<const uint4*>(src + 16);
       const std::uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
       std::uint32_t(&q)[4][4] = part == 0 ? qn : qr;
 #pragma unroll
@@ -143,48 +186,61 @@ __global__ void __launch_bounds__(fp8frag::kThreads, fp8frag::kMinBlocks)
   const int tok_a = 8 * warp + tq, tok_b = tok_a + 4;
   // Its K-read token within an n-tile: fragment column g holds token g / 2 + 4 (g % 2).
   const int k_tok = g / 2 + 4 * (g % 2);
-  float* part_s = reinterpret_cast<float*>(smem + kPart);
+  // Partial S, [warp][n-tile][lane] float4: this warp stores its n-tiles at part_st + 128 n and
+  // reads every warp's n-tile `warp` at part_ld + 1024 w (constant offsets, no per-read math).
+  float* part_st = reinterpret_cast<float*>(smem + kPart) + warp * 1024 + lane * 4;
+  const float* part_ld = reinterpret_cast<const float*>(smem + kPart) + warp * 128 + lane * 4;
 
   for (int blk = 0; blk < n_blocks; ++blk) {
     const int stage = blk % kStages;
-    cp_async_wait<kStages - 2>();
-    __syncthreads();  // block blk landed for all threads; block blk - 1 is done with
-    if (blk + 1 < n_blocks) {
-      load_token(p, decode::entry_slot(p, t, blk + 1, next_entry), smem, (blk + 1) % kStages);
-      next_entry = decode::token_entry(p, t, q_first, kv_base, blk + 2);
+    __syncthreads();  // block blk - 1 is done with: its stage takes block blk + 1
+    if (copier && blk + 1 < n_blocks) {
+      load_block(p, t, blk + 1, next_entry, smem, (blk + 1) % kStages);
+      next_entry =
+          decode::token_entry_of<kBlockN>(p, t, q_first, kv_base, blk + 2, decode::bulk_token());
     }
-    cp_async_commit();
+    mbar_wait(smem + kBar + 8 * stage, (blk / kStages) % 2);  // block blk landed
     const std::uint8_t* raw = smem + kRaw + stage * kStageBytes;
     const std::uint8_t* flags = smem + kFlags + stage * kBlockN;
 
     // ---- S = Q K^T: the warp's 64 nope dims for all 64 tokens (8 independent chains of 4
     // mma), rope for its own 8 tokens; partial sums meet in shared memory ----
-    float acc[8][4] = {}, acc_pe[4] = {};
-    // Two n-tiles at a time: their mma chains interleave (v6 stalled on "wait").
+    // n-tile n, fragment column g: token 8 n + g / 2 + 4 (g % 2) (bank-conflict free reads).
+    // The codes of the next two n-tiles (then the rope's) are read before this pair's products
+    // so their latency hides behind the mma chains: the compiler keeps the reads after the
+    // partial-sum stores otherwise (it cannot tell the two regions apart), and v7 waited on every
+    // read (bench/NOTES.md v12).
+    const std::uint8_t* k_col = raw + k_tok * kPitch + 64 * warp + 16 * tq;
+    auto k_read = [&](int n) { return *reinterpret_cast<const uint4*>(k_col + 8 * n * kPitch); };
+    uint4 kv0 = k_read(0), kv1 = k_read(1);
+    float acc_pe[4] = {};
 #pragma unroll
     for (int n = 0; n < 8; n += 2) {
-      // n-tile n, fragment column g: token 8 n + g / 2 + 4 (g % 2) (bank-conflict free reads).
-      const std::uint8_t* k_col = raw + k_tok * kPitch + 64 * warp + 16 * tq;
-      const uint4 v0 = *reinterpret_cast<const uint4*>(k_col + 8 * n * kPitch);
-      const uint4 v1 = *reinterpret_cast<const uint4*>(k_col + 8 * (n + 1) * kPitch);
-      const std::uint32_t w0[4] = {v0.x, v0.y, v0.z, v0.w}, w1[4] = {v1.x, v1.y, v1.z, v1.w};
+      uint4 nx0, nx1 = make_uint4(0, 0, 0, 0);
+      if (n + 2 < 8) {
+        nx0 = k_read(n + 2), nx1 = k_read(n + 3);
+      } else {
+        nx0 = *reinterpret_cast<const uint4*>(raw + (8 * warp + k_tok) * kPitch + 512 + 16 * tq);
+      }
+      const std::uint32_t w0[4] = {kv0.x, kv0.y, kv0.z, kv0.w};
+      const std::uint32_t w1[4] = {kv1.x, kv1.y, kv1.z, kv1.w};
+      float acc0[4] = {}, acc1[4] = {};
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         std::uint32_t b0, b1, c0, c1;
         fp8x4_to_half2x2(w0[j], b0, b1);
         fp8x4_to_half2x2(w1[j], c0, c1);
-        mma_16816<false>(acc[n], qn[j], b0, b1);
-        mma_16816<false>(acc[n + 1], qn[j], c0, c1);
+        mma_16816<false>(acc0, qn[j], b0, b1);
+        mma_16816<false>(acc1, qn[j], c0, c1);
       }
-#pragma unroll
-      for (int m = n; m < n + 2; ++m)
-        *reinterpret_cast<float4*>(part_s + ((warp * 8 + m) * 32 + lane) * 4) =
-            make_float4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
+      *reinterpret_cast<float4*>(part_st + n * 128) =
+          make_float4(acc0[0], acc0[1], acc0[2], acc0[3]);
+      *reinterpret_cast<float4*>(part_st + (n + 1) * 128) =
+          make_float4(acc1[0], acc1[1], acc1[2], acc1[3]);
+      kv0 = nx0, kv1 = nx1;
     }
     {
-      const uint4 v =
-          *reinterpret_cast<const uint4*>(raw + (8 * warp + k_tok) * kPitch + 512 + 16 * tq);
-      const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
+      const std::uint32_t w[4] = {kv0.x, kv0.y, kv0.z, kv0.w};
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         std::uint32_t b0, b1;
@@ -196,7 +252,7 @@ __global__ void __launch_bounds__(fp8frag::kThreads, fp8frag::kMinBlocks)
     float nope[4] = {};
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
-      const float4 v = *reinterpret_cast<const float4*>(part_s + ((w * 8 + warp) * 32 + lane) * 4);
+      const float4 v = *reinterpret_cast<const float4*>(part_ld + w * 1024);
       nope[0] += v.x, nope[1] += v.y, nope[2] += v.z, nope[3] += v.w;
     }
 
@@ -216,7 +272,7 @@ __global__ void __launch_bounds__(fp8frag::kThreads, fp8frag::kMinBlocks)
       float mx = fmaxf(s[2 * h], s[2 * h + 1]);
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      if (tq == 0) red_max[warp * kRows + g + 8 * h] = mx;
+      if (tq == 0) red_max[(g + 8 * h) * kWarps + warp] = mx;  // [row][warp]: 2 reads a row
     }
     __syncthreads();
 
@@ -224,14 +280,17 @@ __global__ void __launch_bounds__(fp8frag::kThreads, fp8frag::kMinBlocks)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = g + 8 * h;
-      float mx = row_max[h];
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, red_max[w * kRows + r]);
+      static_assert(kWarps == 8, "two float4 reads per row");
+      const float4 m0 = *reinterpret_cast<const float4*>(red_max + r * kWarps);
+      const float4 m1 = *reinterpret_cast<const float4*>(red_max + r * kWarps + 4);
+      const float mx = fmaxf(fmaxf(fmaxf(fmaxf(m0.x, m0.y), fmaxf(m0.z, m0.w)),
+                                   fmaxf(fmaxf(m1.x, m1.y), fmaxf(m1.z, m1.w))),
+                             row_max[h]);
       const float base = mx == -INFINITY ? 0.0f : mx;  // rows with nothing visible yet
-      const float alpha = exp2f(row_max[h] - base);
+      const float alpha = fast_exp2(row_max[h] - base);
       row_max[h] = mx;
-      const __half pa = __float2half_rn(exp2f(s[2 * h] - base));
-      const __half pb = __float2half_rn(exp2f(s[2 * h + 1] - base));
+      const __half pa = __float2half_rn(fast_exp2(s[2 * h] - base));
+      const __half pb = __float2half_rn(fast_exp2(s[2 * h + 1] - base));
       p_s[r * kPElems + tok_a] = __half_as_ushort(pa);
       p_s[r * kPElems + tok_b] = __half_as_ushort(pb);
       // Sum what the tensor cores multiply (the rounded p), so o / l stays exact.
@@ -274,7 +333,6 @@ __global__ void __launch_bounds__(fp8frag::kThreads, fp8frag::kMinBlocks)
       for (int n = 0; n < 8; ++n) mma_16816<false>(o[n], a, b0[n], b1[n]);
     }
   }
-  cp_async_wait<0>();
 
   // ---- epilogue: row sums over the quad and the warps, then o / l and lse ----
   float* red_sum = reinterpret_cast<float*>(smem + kRed);

@@ -50,12 +50,15 @@ struct Smem {
   static constexpr int kPBytes = kRows * kPElems * 2;
   static constexpr int kRedBytes = 2 * kWarps * kRows * 4;
   static constexpr int kFlagBytes = 3 * kBlockN;  // per stage (at most 3)
+  // bf16 caches are copied by the TMA engine (bulk_copy_token), one mbarrier per stage.
+  static constexpr bool kBulk = F == KvFormat::bf16;
+  static constexpr int kBarBytes = kBulk ? 8 + 3 * 8 : 0;  // alignment + up to 3 stages
   // Block-format tiles of <= 16 rows load and dequantize straight from global memory into the tile
   // (no raw staging): ~98 KB and <= 128 registers let two CTAs share an SM, so one CTA's loads
   // overlap the other's math. v2 ran 1 CTA (8 warps) per SM and ncu showed it latency bound.
   static constexpr bool kDirect = F != KvFormat::bf16 && MT == 1;
   static constexpr int kMinBlocks = kDirect ? 2 : 1;
-  static constexpr int fixed() { return kQBytes + kPBytes + kRedBytes + kFlagBytes; }
+  static constexpr int fixed() { return kQBytes + kPBytes + kRedBytes + kFlagBytes + kBarBytes; }
   static constexpr int bytes_for(int stages) {
     return F == KvFormat::bf16 ? fixed() + stages * kTileBytes
            : kDirect           ? fixed() + kTileBytes
@@ -76,6 +79,7 @@ struct Smem {
   static constexpr int kRedMax = kP + kPBytes;
   static constexpr int kRedSum = kRedMax + kWarps * kRows * 4;
   static constexpr int kFlags = kRedSum + kWarps * kRows * 4;
+  static constexpr int kBar = (kFlags + kFlagBytes + 7) / 8 * 8;
   static_assert(kBytes <= 227 * 1024, "tile does not fit in shared memory");
   static_assert(!kDirect || 2 * (kBytes + 1024) <= 228 * 1024, "two CTAs must fit an SM");
 };
@@ -92,26 +96,40 @@ struct TokenAddr {
 // overlaps a block of math. v6 stalled every warp on this load right after a barrier (1.4
 // long-scoreboard cycles per instruction), and v7's first try, which also computed the slot at
 // once, stalled on the use instead (bench/NOTES.md). kv_base = kv_indptr[request].
-// kBlock: the kernel's tokens per block; kPerToken: threads per token.
-template <int kBlock = kBlockN, int kPerToken = 4>
-__device__ __forceinline__ std::int32_t token_entry(const DecodeParams& p, const WorkTile& t,
-                                                    int q_token, std::int32_t kv_base, int blk) {
-  const int j = t.kv_begin + blk * kBlock + static_cast<int>(threadIdx.x) / kPerToken;
+// kBlock: the kernel's tokens per block; tok: the token within the block (the overload below:
+// this thread's, tid / kPerToken).
+template <int kBlock>
+__device__ __forceinline__ std::int32_t token_entry_of(const DecodeParams& p, const WorkTile& t,
+                                                       int q_token, std::int32_t kv_base, int blk,
+                                                       int tok) {
+  const int j = t.kv_begin + blk * kBlock + tok;
   std::int32_t e = 0;  // a predicated load: nothing waits on it here
   if (j < t.kv_end)
     e = p.topk > 0 ? p.sparse_indices[static_cast<std::int64_t>(q_token) * p.topk + j]
                    : p.kv_indices[kv_base + (j >> p.page_shift)];
   return e;
 }
-
-// Pool slot (page * page_size + offset) of that token, or -1 when it is past the tile or skipped.
 template <int kBlock = kBlockN, int kPerToken = 4>
-__device__ __forceinline__ std::int64_t entry_slot(const DecodeParams& p, const WorkTile& t,
-                                                   int blk, std::int32_t e) {
-  const int j = t.kv_begin + blk * kBlock + static_cast<int>(threadIdx.x) / kPerToken;
+__device__ __forceinline__ std::int32_t token_entry(const DecodeParams& p, const WorkTile& t,
+                                                    int q_token, std::int32_t kv_base, int blk) {
+  return token_entry_of<kBlock>(p, t, q_token, kv_base, blk,
+                                static_cast<int>(threadIdx.x) / kPerToken);
+}
+
+// Pool slot (page * page_size + offset) of token `tok` of block `blk`, or -1 when it is past the
+// tile or skipped; the overload below: this thread's token.
+template <int kBlock>
+__device__ __forceinline__ std::int64_t entry_slot_of(const DecodeParams& p, const WorkTile& t,
+                                                      int blk, std::int32_t e, int tok) {
+  const int j = t.kv_begin + blk * kBlock + tok;
   if (j >= t.kv_end) return -1;
   if (p.topk > 0) return e < 0 || e >= p.pool_slots ? -1 : e;
   return (static_cast<std::int64_t>(e) << p.page_shift) | (j & ((1 << p.page_shift) - 1));
+}
+template <int kBlock = kBlockN, int kPerToken = 4>
+__device__ __forceinline__ std::int64_t entry_slot(const DecodeParams& p, const WorkTile& t,
+                                                   int blk, std::int32_t e) {
+  return entry_slot_of<kBlock>(p, t, blk, e, static_cast<int>(threadIdx.x) / kPerToken);
 }
 
 __device__ __forceinline__ TokenAddr slot_addr(const DecodeParams& p, std::int64_t slot) {
@@ -138,27 +156,67 @@ __device__ __forceinline__ void copy_fp8_token(const DecodeParams& p, std::int64
   }
 }
 
+// Bulk (TMA) copies: lanes 0..7 of every warp issue them, one token each (bulk_token()). A bulk
+// copy is a uniform-datapath instruction that ptxas issues once per active lane in turn (a loop
+// of ~7 instructions a copy), so 8 issuers a warp keep that loop short and spread over the CTA.
+// Broadcasting each address to the whole warp (uniform operands, one elected issuer, no loop)
+// measured slower: its shuffles queue on the MIO path the fragment reads need (bench/NOTES.md
+// v12).
+static_assert(kBlockN == 8 * kWarps, "one bulk-copied token per lane 0..7 of each warp");
+__device__ __forceinline__ bool bulk_copier() {
+  return threadIdx.x % 32 < 8;
+}
+__device__ __forceinline__ int bulk_token() {
+  return 8 * (threadIdx.x / 32) + threadIdx.x % 32;
+}
+
+// The bulk copy of one token (slot from entry_slot_of) into `row`: its ckv (kCkv bytes) and kpe
+// (kKpe bytes) in one copy when the kpe bytes follow the ckv bytes (the PagedLatentCache
+// layout), else in two; they complete on the stage mbarrier `bar` (one arrival per token and
+// phase). A skipped token is zero-filled and flagged 0.
+template <int kCkv, int kKpe>
+__device__ __forceinline__ void bulk_copy_token(const DecodeParams& p, std::int64_t slot,
+                                                std::uint8_t* row, std::uint8_t* flag, void* bar) {
+  const TokenAddr a = slot_addr(p, slot);
+  *flag = a.ckv != nullptr ? 1 : 0;
+  if (a.ckv != nullptr) {
+    mbar_arrive_expect_tx(bar, kCkv + kKpe);
+    if (a.kpe == a.ckv + kCkv) {
+      bulk_copy_to_shared(row, a.ckv, kCkv + kKpe, bar);
+    } else {
+      bulk_copy_to_shared(row, a.ckv, kCkv, bar);
+      bulk_copy_to_shared(row + kCkv, a.kpe, kKpe, bar);
+    }
+  } else {
+#pragma unroll
+    for (int c = 0; c < (kCkv + kKpe) / 16; ++c)
+      reinterpret_cast<uint4*>(row)[c] = make_uint4(0, 0, 0, 0);
+    // The row's later bulk copies (async proxy) must land after these generic stores.
+    fence_proxy_async_shared();
+    mbar_arrive(bar);
+  }
+}
+
 // Issue the cp.async copies of the thread's token (slot from entry_slot) into stage `stage`;
-// 4 threads per token.
+// 4 threads per token (block-format caches).
+// bf16: the bulk copies of the copier's token (bulk_token) instead, onto the stage's mbarrier.
 template <KvFormat F, int MT>
 __device__ __forceinline__ void load_block(const DecodeParams& p, std::int64_t slot,
                                            std::uint8_t* smem, int stage) {
   using S = Smem<F, MT>;
-  const int tok = threadIdx.x / 4, sub = threadIdx.x % 4;
-  const TokenAddr a = slot_addr(p, slot);
-  const bool valid = a.ckv != nullptr;
-  if (sub == 0) smem[S::kFlags + stage * kBlockN + tok] = valid ? 1 : 0;
-  const std::uint8_t* fallback = p.ckv;  // a mapped address for zero-fill copies
-  if constexpr (F == KvFormat::bf16) {
-    std::uint8_t* dst = smem + S::kTile + stage * S::kTileBytes + tok * kRowElems * 2;
-    for (int c = sub; c < 72; c += 4) {
-      const std::uint8_t* src = c < 64 ? a.ckv + 16 * c : a.kpe + 16 * (c - 64);
-      cp_async_16(dst + 16 * c, valid ? src : fallback, valid);
-    }
+  if constexpr (S::kBulk) {
+    const int tok = bulk_token();
+    bulk_copy_token<1024, 128>(
+        p, slot, smem + S::kTile + stage * S::kTileBytes + tok * kRowElems * 2,
+        smem + S::kFlags + stage * kBlockN + tok, smem + S::kBar + 8 * stage);
   } else {
+    const int tok = threadIdx.x / 4, sub = threadIdx.x % 4;
+    const TokenAddr a = slot_addr(p, slot);
+    const bool valid = a.ckv != nullptr;
+    if (sub == 0) smem[S::kFlags + stage * kBlockN + tok] = valid ? 1 : 0;
     std::uint8_t* dst = smem + S::kRaw + stage * S::kRawBytes + tok * 656;
-    for (int c = sub; c < 41; c += 4)
-      cp_async_16(dst + 16 * c, valid ? a.ckv + 16 * c : fallback, valid);
+    for (int c = sub; c < 41; c += 4)  // p.ckv: a mapped address for the zero-fill copies
+      cp_async_16(dst + 16 * c, valid ? a.ckv + 16 * c : p.ckv, valid);
   }
 }
 
@@ -274,11 +332,20 @@ __device__ __forceinline__ int row_limit(const DecodeParams& p, const WorkTile& 
 }
 
 // Partial-output row of a split tile's query token q_begin + tr, head `head`: the request's
-// partial rows are [split][query token][head].
+// partial rows are [split][query token][head]. The base is re-read here (a cache hit) rather
+// than kept in two registers through the block loop.
 __device__ __forceinline__ std::int64_t partial_row(const DecodeParams& p, const WorkTile& t,
                                                     int qo_len, int tr, std::int64_t head) {
-  return p.partial_offset[t.request] +
+  return p.tiles[blockIdx.x].partial_base +
          (static_cast<std::int64_t>(t.split) * qo_len + t.q_begin + tr) * p.num_heads + head;
+}
+
+// This CTA's tile, or false when blockIdx.x is past the live tiles (graph-mode plans launch
+// their capacity). The tile is loaded before the count is checked, so the two loads overlap:
+// the array holds the grid's capacity, so the read is in bounds either way.
+__device__ __forceinline__ bool load_tile(const DecodeParams& p, DeviceTile& d) {
+  d = p.tiles[blockIdx.x];
+  return static_cast<int>(blockIdx.x) < *p.num_tiles;
 }
 
 // Output scale (out_scale / l) and lse (natural log) of a finished row with log2-domain max m and
@@ -324,29 +391,54 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
   using S = Smem<F, MT>;
   constexpr int kRows = S::kRows;
   constexpr int kStages = S::kStages;
-  if (static_cast<int>(blockIdx.x) >= *p.num_tiles) return;
+  DeviceTile tile;
+  if (!load_tile(p, tile)) return;
   pdl_launch_dependents();
   extern __shared__ __align__(128) std::uint8_t smem[];
-  const WorkTile t = p.tiles[blockIdx.x];
+  const WorkTile t = tile.tile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rows = t.q_count * t.head_count;
-  const int q_first = p.qo_indptr[t.request] + t.q_begin;  // global index of the tile's first token
-  const int qo_len = p.qo_indptr[t.request + 1] - p.qo_indptr[t.request];
-  const int kv_len = p.topk > 0 ? 0 : p.kv_len[t.request];
+  const int q_first = tile.q_first;  // global index of the tile's first token
+  const int qo_len = tile.qo_len;
+  const int kv_len = tile.kv_len;
   const int n_blocks = (t.kv_end - t.kv_begin + kBlockN - 1) / kBlockN;
-  const std::int32_t kv_base = p.topk > 0 ? 0 : p.kv_indptr[t.request];
+  const std::int32_t kv_base = tile.kv_base;
 
   // Prologue: the first kStages blocks in flight, then Q into shared memory (bf16 rows).
+  // next_entry: the entry of the next block to load, read one block ahead (see token_entry).
+  std::int32_t next_entry = 0;
+  const bool copier = !S::kBulk || bulk_copier();  // threads that issue copies
+  if constexpr (S::kBulk) {
+    // The entries of the first kStages + 1 blocks are loaded before anything waits on one.
+    std::int32_t e[kStages];
+    if (copier) {
 #pragma unroll
-  for (int s = 0; s < kStages; ++s) {
-    if constexpr (!S::kDirect) {
+      for (int s = 0; s < kStages; ++s)
+        e[s] = token_entry_of<kBlockN>(p, t, q_first, kv_base, s, bulk_token());
+      next_entry = token_entry_of<kBlockN>(p, t, q_first, kv_base, kStages, bulk_token());
+    }
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < kStages; ++s) mbar_init(smem + S::kBar + 8 * s, kBlockN);
+      fence_mbar_init();
+    }
+    __syncthreads();
+    if (copier) {
+#pragma unroll
+      for (int s = 0; s < kStages; ++s)
+        if (s < n_blocks)
+          load_block<F, MT>(p, entry_slot_of<kBlockN>(p, t, s, e[s], bulk_token()), smem, s);
+    }
+  } else if constexpr (!S::kDirect) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
       if (s < n_blocks)
         load_block<F, MT>(p, entry_slot(p, t, s, token_entry(p, t, q_first, kv_base, s)), smem, s);
       cp_async_commit();
     }
+    next_entry = token_entry(p, t, q_first, kv_base, kStages);
+  } else {
+    next_entry = token_entry(p, t, q_first, kv_base, 0);
   }
-  // The entry of the next block to load, read one block ahead (see token_entry).
-  std::int32_t next_entry = token_entry(p, t, q_first, kv_base, S::kDirect ? 0 : kStages);
   load_q<F, MT>(p, t, q_first, smem);
   const std::uint16_t* q_s = reinterpret_cast<const std::uint16_t*>(smem + S::kQ);
   // One m-tile: each warp keeps all of Q's A fragments (36 k-steps x 4 registers) so the S
@@ -388,6 +480,8 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
       // The tile is free (see below).
       load_dequantize_block<F, MT>(p, entry_slot(p, t, blk, next_entry), smem);
       next_entry = token_entry(p, t, q_first, kv_base, blk + 1);
+    } else if constexpr (S::kBulk) {
+      mbar_wait(smem + S::kBar + 8 * stage, (blk / kStages) % 2);  // block blk landed
     } else {
       cp_async_wait<kStages - 1>();
     }
@@ -540,17 +634,18 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
       }
     }
     __syncthreads();  // the tile, P and the reductions are rewritten next block
-    if constexpr (F == KvFormat::bf16) {
-      if (blk + kStages < n_blocks) {
-        load_block<F, MT>(p, entry_slot(p, t, blk + kStages, next_entry), smem, stage);
-        next_entry = token_entry(p, t, q_first, kv_base, blk + kStages + 1);
+    if constexpr (S::kBulk) {
+      if (copier && blk + kStages < n_blocks) {
+        load_block<F, MT>(p, entry_slot_of<kBlockN>(p, t, blk + kStages, next_entry, bulk_token()),
+                          smem, stage);
+        next_entry =
+            token_entry_of<kBlockN>(p, t, q_first, kv_base, blk + kStages + 1, bulk_token());
       }
-      cp_async_commit();
     }
   }
-  cp_async_wait<0>();
+  if constexpr (!S::kBulk) cp_async_wait<0>();
 
-  // ---- epilogue ----
+    // ---- epilogue ----
 #pragma unroll
   for (int m = 0; m < MT; ++m)
 #pragma unroll

@@ -10,8 +10,23 @@
 
 namespace fp8mla::detail {
 
+// A WorkTile with the request values its kernel needs, resolved when the plan is uploaded
+// (cuda_upload_plan): a CTA loads them with its tile at once instead of through t.request (the
+// chain tile -> qo_indptr / kv_indptr -> page table -> cache was four dependent loads before
+// the first copy; bench/NOTES.md v12).
+struct DeviceTile {
+  WorkTile tile;
+  std::int32_t q_first;       // qo_indptr[request] + q_begin: global index of its first query token
+  std::int32_t qo_len;        // the request's query tokens
+  std::int32_t kv_len;        // the request's context (0 when sparse)
+  std::int32_t kv_base;       // kv_indptr[request]: its first page-table entry (0 when sparse)
+  std::int64_t partial_base;  // partial_offset[request]: its first split-KV partial row
+  std::int64_t unused = 0;    // 64 bytes: four 16-byte loads
+};
+static_assert(sizeof(DeviceTile) == 64, "one tile is four 16-byte loads");
+
 struct DecodeParams {
-  const WorkTile* tiles;               // [capacity]; the first *num_tiles are live
+  const DeviceTile* tiles;             // [capacity]; the first *num_tiles are live
   const std::int32_t* num_tiles;       // device scalar (rewritten in place by replan)
   const std::int32_t* qo_indptr;       // [batch + 1]
   const std::int32_t* kv_indptr;       // [batch + 1] page offsets into kv_indices

@@ -208,12 +208,13 @@ __global__ void __launch_bounds__(wg::kThreads, 1) mla_decode_wgmma_kernel(const
   using namespace wg;
   using L = Layout<F>;
   constexpr int kN = L::kN;
-  if (static_cast<int>(blockIdx.x) >= *p.num_tiles) return;
+  DeviceTile tile;
+  if (!decode::load_tile(p, tile)) return;
   pdl_launch_dependents();
   extern __shared__ std::uint8_t smem_base[];
   // The swizzle atoms need 1024-byte alignment.
   std::uint8_t* smem = smem_base + ((1024 - smem_addr(smem_base) % 1024) % 1024);
-  const WorkTile t = p.tiles[blockIdx.x];
+  const WorkTile t = tile.tile;
   // The warpgroup index broadcast from lane 0, so ptxas knows it is uniform and keeps the wgmma
   // descriptors in uniform registers (v8's first build moved each one with R2UR: 10% of all
   // instructions).
@@ -221,12 +222,12 @@ __global__ void __launch_bounds__(wg::kThreads, 1) mla_decode_wgmma_kernel(const
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, tq = lane % 4;
   const int rows = t.q_count * t.head_count;
-  const int q_first = p.qo_indptr[t.request] + t.q_begin;
-  const int qo_len = p.qo_indptr[t.request + 1] - p.qo_indptr[t.request];
-  const int kv_len = p.topk > 0 ? 0 : p.kv_len[t.request];
+  const int q_first = tile.q_first;
+  const int qo_len = tile.qo_len;
+  const int kv_len = tile.kv_len;
   const int n_blocks = (t.kv_end - t.kv_begin + kN - 1) / kN;
 
-  const std::int32_t kv_base = p.topk > 0 ? 0 : p.kv_indptr[t.request];
+  const std::int32_t kv_base = tile.kv_base;
   std::uint8_t* flags = smem + L::kFlags;
   std::int64_t slot = -1;
   // fp8: this thread's token of the block in flight is present (all present: no flag reads).

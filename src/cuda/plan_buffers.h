@@ -18,7 +18,7 @@ struct CudaPlanBuffers {
   std::int32_t num_tiles = 0, num_merge = 0;
   std::int32_t max_splits = 1;  // most splits of any request (picks the merge layout)
 
-  WorkTile* tiles = nullptr;               // [cap_tiles]
+  DeviceTile* tiles = nullptr;             // [cap_tiles]
   std::int32_t* counts = nullptr;          // [2]: num_tiles, num_merge items
   std::int32_t* qo_indptr = nullptr;       // [cap_batch + 1]
   std::int32_t* kv_indptr = nullptr;       // [cap_batch + 1]

@@ -122,7 +122,7 @@ void cuda_upload_plan(PlanState& plan) {
     }
     // The planner's bound (kernel_rows, the one its residency came from) covers every tile.
     b->row_tiles = row_tiles_for(std::max(plan.kernel_rows, max_rows));
-    b->tiles = alloc<WorkTile>(b->cap_tiles, b->device_id);
+    b->tiles = alloc<DeviceTile>(b->cap_tiles, b->device_id);
     b->counts = alloc<std::int32_t>(2, b->device_id);
     b->qo_indptr = alloc<std::int32_t>(b->cap_batch + 1, b->device_id);
     b->kv_indptr = alloc<std::int32_t>(b->cap_batch + 1, b->device_id);
@@ -147,7 +147,16 @@ void cuda_upload_plan(PlanState& plan) {
         ErrorCode::invalid_argument, "problem",
         msg(plan.partial_rows, " split-KV partial rows exceed the capacity ", b.cap_partial_rows));
   }
-  upload(b.tiles, plan.tiles, b.cap_tiles, "tiles");
+  std::vector<DeviceTile> tiles;
+  tiles.reserve(plan.tiles.size());
+  const bool sparse = plan.topk > 0;
+  for (const WorkTile& t : plan.tiles) {
+    const int r = t.request;
+    tiles.push_back({t, plan.qo_indptr[r] + t.q_begin, plan.qo_indptr[r + 1] - plan.qo_indptr[r],
+                     sparse ? 0 : plan.kv_len[r], sparse ? 0 : plan.kv_indptr[r],
+                     plan.partial_offset[r]});
+  }
+  upload(b.tiles, tiles, b.cap_tiles, "tiles");
   upload(b.qo_indptr, plan.qo_indptr, b.cap_batch + 1, "qo_indptr");
   upload(b.kv_indptr, plan.kv_indptr, b.cap_batch + 1, "kv_indptr");
   upload(b.kv_len, plan.kv_len, b.cap_batch, "kv_len");
