@@ -199,6 +199,7 @@ struct CaseRunner {
   const Ceilings& ceil;
   bool baselines;
   bool quick;
+  int min_chunk_tokens;  // 0: the planner's default
 
   KvCacheView view(std::uint8_t* base, KvFormat f, std::int64_t pages, int ps) const {
     KvCacheView v;
@@ -247,7 +248,9 @@ struct CaseRunner {
       p.kv_indices = idx;
       p.kv_len = len;
       p.device = DeviceKind::cuda;
-      return plan(p);
+      PlanOptions po;
+      if (min_chunk_tokens > 0) po.min_chunk_tokens = min_chunk_tokens;
+      return plan(p, po);
     };
     std::vector<Plan> plans;
     for (int v = 0; v < variants; ++v) plans.push_back(make_plan(indices[v], f, pool_pages));
@@ -388,6 +391,7 @@ int run_gpu_bench(const GpuBenchOptions& o) {
       ceil.copy_gbs, ceil.read_gbs,
       ceil.matmul_tfs > 0 ? msg(static_cast<int>(ceil.matmul_tfs), " TF/s").c_str()
                           : "not measured (libcublas not found)");
+  if (o.min_chunk_tokens > 0) std::printf("plans: min_chunk_tokens %d\n", o.min_chunk_tokens);
 
   struct Shape {
     int bs, heads, ctx;
@@ -411,7 +415,8 @@ int run_gpu_bench(const GpuBenchOptions& o) {
   const std::vector<int> pss = o.page_sizes.empty() ? std::vector<int>{64, 1} : o.page_sizes;
   const std::vector<KvFormat> fmts =
       o.formats.empty() ? std::vector<KvFormat>{KvFormat::fp8_e4m3, KvFormat::bf16} : o.formats;
-  CaseRunner runner{s, pool, pool_bytes, scratch, scratch_bytes, ceil, o.baselines, o.quick};
+  CaseRunner runner{s,    pool,        pool_bytes, scratch,           scratch_bytes,
+                    ceil, o.baselines, o.quick,    o.min_chunk_tokens};
   std::vector<CaseResult> all;
   int done = 0;
   const int total = static_cast<int>(shapes.size() * pss.size() * fmts.size());

@@ -18,6 +18,7 @@ struct GpuBenchOptions {
   bool baselines = true;          // also time cast-whole-pool and gather-then-cast
   std::string json_path;          // write results here when not empty
   bool progress = true;           // progress on stderr
+  int min_chunk_tokens = 0;       // > 0: PlanOptions::min_chunk_tokens of every plan (split tuning)
 };
 
 // Runs the benchmark and prints a table. Returns 0, or throws fp8mla::Error (unsupported

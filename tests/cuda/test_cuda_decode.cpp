@@ -273,20 +273,29 @@ TEST(CudaDecodeFp16, ExtremeQueryMagnitudesPerRow) {
 // only those: the fragment kernels convert codes with the NaN-preserving instruction.
 TEST(CudaDecodeFp16, NanInTheCacheReachesTheRowsThatSeeIt) {
   SKIP_WITHOUT_GPU();
-  for (int heads : {8, 128}) {
-    test::RandomCase c = fp8_case(heads, 64, 200, 400, 91 + static_cast<std::uint64_t>(heads));
-    // Request 1's token 5 gets a NaN code in its ckv part (byte 100: read as K and as V).
-    const std::int64_t slot = c.request_slots(1)[5];
-    const KvCacheView kv = c.kv_view(c.cache.data());
-    const std::int64_t page = slot / c.spec.page_size, off = slot % c.spec.page_size;
-    auto* ckv = static_cast<std::uint8_t*>(kv.ckv.data) +
-                (page * kv.ckv.stride[0] + off * kv.ckv.stride[1]) * dtype_size(kv.ckv.dtype);
-    ckv[100] = 0x7f;
-    const auto out = check_case(c, "NaN in the cache, heads " + std::to_string(heads));
-    int nan_rows = 0;
-    for (std::int64_t r = 0; r < c.rows(); ++r)
-      nan_rows += std::isnan(bf16_to_float(out[r * kDimCkv])) ? 1 : 0;
-    EXPECT_EQ(nan_rows, heads) << "exactly request 1's rows";
+  // Whole requests, then split into 64-token chunks: the merge must keep the NaN too.
+  for (const bool split : {false, true}) {
+    for (int heads : {8, 128}) {
+      PlanOptions options;
+      options.min_chunk_tokens = split ? 64 : 1 << 20;
+      options.ctas_per_sm = split ? 8 : 0;
+      test::RandomCase c = fp8_case(heads, 64, 200, 400, 91 + static_cast<std::uint64_t>(heads));
+      // Request 1's token 5 gets a NaN code in its ckv part (byte 100: read as K and as V).
+      const std::int64_t slot = c.request_slots(1)[5];
+      const KvCacheView kv = c.kv_view(c.cache.data());
+      const std::int64_t page = slot / c.spec.page_size, off = slot % c.spec.page_size;
+      auto* ckv = static_cast<std::uint8_t*>(kv.ckv.data) +
+                  (page * kv.ckv.stride[0] + off * kv.ckv.stride[1]) * dtype_size(kv.ckv.dtype);
+      ckv[100] = 0x7f;
+      const std::string what =
+          "NaN in the cache, heads " + std::to_string(heads) + (split ? ", split" : ", whole");
+      EXPECT_EQ(plan(c.problem(DeviceKind::cuda), options).num_splits()[1] > 1, split) << what;
+      const auto out = check_case(c, what, options);
+      int nan_rows = 0;
+      for (std::int64_t r = 0; r < c.rows(); ++r)
+        nan_rows += std::isnan(bf16_to_float(out[r * kDimCkv])) ? 1 : 0;
+      EXPECT_EQ(nan_rows, heads) << what << ": exactly request 1's rows";
+    }
   }
 }
 

@@ -28,6 +28,7 @@ struct BenchOptions {
   std::string json;
   bool no_progress = false;
   std::string device = "auto";
+  int min_chunk = 0;
 };
 
 // The fast path against the float64 reference: fp32 accumulation and bf16 output rounding.
@@ -244,6 +245,10 @@ int run_bench(std::span<const std::string_view> argv) {
   ap.add_flag("no-progress", &o.no_progress, "no progress bar on stderr");
   ap.add_choice("device", &o.device, {"auto", "cpu", "cuda"},
                 "what to benchmark (auto: cuda when a device is visible)");
+  ap.add_int("min-chunk", &o.min_chunk,
+             "cuda: split no request finer than this many tokens (PlanOptions::min_chunk_tokens; "
+             "0: the planner's default)",
+             0, 1 << 24);
   ap.set_epilog(
       "examples:\n  fp8mla bench --quick\n"
       "  fp8mla bench --batch 1,64 --heads 8 --context 4096 --format fp8_e4m3");
@@ -261,6 +266,7 @@ int run_bench(std::span<const std::string_view> argv) {
     g.baselines = !o.no_baselines;
     g.json_path = o.json;
     g.progress = !o.no_progress;
+    g.min_chunk_tokens = o.min_chunk;
     return bench::run_gpu_bench(g);
   }
   if (o.device == "auto") {
