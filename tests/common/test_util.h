@@ -28,7 +28,7 @@
 namespace fp8mla::test {
 
 // Where the golden vectors made by PyTorch and FlashMLA live: $FP8MLA_GOLDEN_DIR, else the
-// build's definition (../shared/golden beside the checkout).
+// build's definition (../shared/golden beside the checkout, else the copy in tests/golden).
 std::string golden_dir();
 
 // ---- random problems ----
