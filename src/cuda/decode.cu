@@ -212,14 +212,10 @@ void cuda_run(PlanState& plan, const RunArgs& args) {
   DecodeParams p{};
   p.tiles = b.tiles;
   p.num_tiles = b.counts;
-  p.qo_indptr = b.qo_indptr;
-  p.kv_indptr = b.kv_indptr;
   p.kv_indices = b.kv_indices;
-  p.kv_len = b.kv_len;
   p.sparse_indices = args.sparse_indices.defined()
                          ? static_cast<const std::int32_t*>(args.sparse_indices.data)
                          : b.sparse;
-  p.partial_offset = b.partial_offset;
   p.topk = plan.topk;
   p.num_heads = plan.num_heads;
   p.page_shift = 0;

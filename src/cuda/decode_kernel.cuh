@@ -407,7 +407,7 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
   // Prologue: the first kStages blocks in flight, then Q into shared memory (bf16 rows).
   // next_entry: the entry of the next block to load, read one block ahead (see token_entry).
   std::int32_t next_entry = 0;
-  const bool copier = !S::kBulk || bulk_copier();  // threads that issue copies
+  const bool copier = bulk_copier();  // bf16: issues a token's bulk copy
   if constexpr (S::kBulk) {
     // The entries of the first kStages + 1 blocks are loaded before anything waits on one.
     std::int32_t e[kStages];

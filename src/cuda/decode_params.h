@@ -28,12 +28,8 @@ static_assert(sizeof(DeviceTile) == 64, "one tile is four 16-byte loads");
 struct DecodeParams {
   const DeviceTile* tiles;             // [capacity]; the first *num_tiles are live
   const std::int32_t* num_tiles;       // device scalar (rewritten in place by replan)
-  const std::int32_t* qo_indptr;       // [batch + 1]
-  const std::int32_t* kv_indptr;       // [batch + 1] page offsets into kv_indices
-  const std::int32_t* kv_indices;      // pages
-  const std::int32_t* kv_len;          // [batch] tokens
+  const std::int32_t* kv_indices;      // pages (a request's start: DeviceTile::kv_base)
   const std::int32_t* sparse_indices;  // [total_q, topk] global slots, -1 = skip (sparse only)
-  const std::int64_t* partial_offset;  // [batch] first partial row of a split request
   int topk;                            // 0 = dense
   int num_heads;
   int page_shift;           // log2(page_size)

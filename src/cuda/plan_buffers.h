@@ -21,8 +21,6 @@ struct CudaPlanBuffers {
   DeviceTile* tiles = nullptr;             // [cap_tiles]
   std::int32_t* counts = nullptr;          // [2]: num_tiles, num_merge items
   std::int32_t* qo_indptr = nullptr;       // [cap_batch + 1]
-  std::int32_t* kv_indptr = nullptr;       // [cap_batch + 1]
-  std::int32_t* kv_len = nullptr;          // [cap_batch]
   std::int32_t* num_splits = nullptr;      // [cap_batch]
   std::int64_t* partial_offset = nullptr;  // [cap_batch]
   std::int32_t* kv_indices = nullptr;      // [cap_kv_indices]

@@ -58,8 +58,7 @@ void cuda_synchronize(int device_id) {
 void destroy_cuda_buffers(CudaPlanBuffers* b) noexcept {
   if (b == nullptr) return;
   for (void* p : {static_cast<void*>(b->tiles), static_cast<void*>(b->counts),
-                  static_cast<void*>(b->qo_indptr), static_cast<void*>(b->kv_indptr),
-                  static_cast<void*>(b->kv_len), static_cast<void*>(b->num_splits),
+                  static_cast<void*>(b->qo_indptr), static_cast<void*>(b->num_splits),
                   static_cast<void*>(b->partial_offset), static_cast<void*>(b->kv_indices),
                   static_cast<void*>(b->sparse), static_cast<void*>(b->merge),
                   static_cast<void*>(b->partial_o), static_cast<void*>(b->partial_lse)}) {
@@ -125,8 +124,6 @@ void cuda_upload_plan(PlanState& plan) {
     b->tiles = alloc<DeviceTile>(b->cap_tiles, b->device_id);
     b->counts = alloc<std::int32_t>(2, b->device_id);
     b->qo_indptr = alloc<std::int32_t>(b->cap_batch + 1, b->device_id);
-    b->kv_indptr = alloc<std::int32_t>(b->cap_batch + 1, b->device_id);
-    b->kv_len = alloc<std::int32_t>(b->cap_batch, b->device_id);
     b->num_splits = alloc<std::int32_t>(b->cap_batch, b->device_id);
     b->partial_offset = alloc<std::int64_t>(b->cap_batch, b->device_id);
     b->kv_indices = alloc<std::int32_t>(b->cap_kv_indices, b->device_id);
@@ -158,8 +155,6 @@ void cuda_upload_plan(PlanState& plan) {
   }
   upload(b.tiles, tiles, b.cap_tiles, "tiles");
   upload(b.qo_indptr, plan.qo_indptr, b.cap_batch + 1, "qo_indptr");
-  upload(b.kv_indptr, plan.kv_indptr, b.cap_batch + 1, "kv_indptr");
-  upload(b.kv_len, plan.kv_len, b.cap_batch, "kv_len");
   upload(b.num_splits, plan.num_splits, b.cap_batch, "num_splits");
   upload(b.partial_offset, plan.partial_offset, b.cap_batch, "partial_offset");
   upload(b.kv_indices, plan.kv_indices, b.cap_kv_indices, "kv_indices");
