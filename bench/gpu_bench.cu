@@ -200,6 +200,7 @@ struct CaseRunner {
   bool baselines;
   bool quick;
   int min_chunk_tokens;  // 0: the planner's default
+  bool exact_scores;
 
   KvCacheView view(std::uint8_t* base, KvFormat f, std::int64_t pages, int ps) const {
     KvCacheView v;
@@ -250,6 +251,7 @@ struct CaseRunner {
       p.device = DeviceKind::cuda;
       PlanOptions po;
       if (min_chunk_tokens > 0) po.min_chunk_tokens = min_chunk_tokens;
+      po.exact_scores = exact_scores;
       return plan(p, po);
     };
     std::vector<Plan> plans;
@@ -392,6 +394,7 @@ int run_gpu_bench(const GpuBenchOptions& o) {
       ceil.matmul_tfs > 0 ? msg(static_cast<int>(ceil.matmul_tfs), " TF/s").c_str()
                           : "not measured (libcublas not found)");
   if (o.min_chunk_tokens > 0) std::printf("plans: min_chunk_tokens %d\n", o.min_chunk_tokens);
+  if (o.exact_scores) std::printf("plans: exact_scores\n");
 
   struct Shape {
     int bs, heads, ctx;
@@ -415,8 +418,8 @@ int run_gpu_bench(const GpuBenchOptions& o) {
   const std::vector<int> pss = o.page_sizes.empty() ? std::vector<int>{64, 1} : o.page_sizes;
   const std::vector<KvFormat> fmts =
       o.formats.empty() ? std::vector<KvFormat>{KvFormat::fp8_e4m3, KvFormat::bf16} : o.formats;
-  CaseRunner runner{s,    pool,        pool_bytes, scratch,           scratch_bytes,
-                    ceil, o.baselines, o.quick,    o.min_chunk_tokens};
+  CaseRunner runner{s,           pool,    pool_bytes,         scratch,       scratch_bytes, ceil,
+                    o.baselines, o.quick, o.min_chunk_tokens, o.exact_scores};
   std::vector<CaseResult> all;
   int done = 0;
   const int total = static_cast<int>(shapes.size() * pss.size() * fmts.size());

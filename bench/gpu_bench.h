@@ -19,6 +19,7 @@ struct GpuBenchOptions {
   std::string json_path;          // write results here when not empty
   bool progress = true;           // progress on stderr
   int min_chunk_tokens = 0;       // > 0: PlanOptions::min_chunk_tokens of every plan (split tuning)
+  bool exact_scores = false;      // PlanOptions::exact_scores of every native plan
 };
 
 // Runs the benchmark and prints a table. Returns 0, or throws fp8mla::Error (unsupported

@@ -68,6 +68,12 @@ struct PlanOptions {
   int min_chunk_tokens = 64;   // never split a request's context finer than this
   int num_threads = 0;         // CPU backend threads; 0 = std::thread::hardware_concurrency()
   bool cpu_reference = false;  // CPU: run the float64 reference instead of the fast path
+  // CUDA, fp8_e4m3 caches, tiles of <= 16 rows on pages of >= 8 tokens: false (default) computes
+  // the scores on fp8 tensor cores straight from the cache bytes, the fastest path; Hopper's fp8
+  // accumulator keeps 13 mantissa bits, so scores carry up to ~1e-4 of their magnitude (output
+  // ~1e-3 relative at scores ~50; README "Numerics"). true converts K to fp16 first (exact
+  // products, fp32 sums: ~1e-6), about 20% slower where the cache read bounds the time.
+  bool exact_scores = false;
   // CUDA graphs: device buffers get fixed capacities (max_* below, all > 0), so replan() can
   // rewrite them in place and a captured run() stays valid.
   bool cuda_graph = false;
@@ -137,7 +143,9 @@ Plan plan(const Problem& problem, const PlanOptions& options = {});
 // device buffers, so a CUDA graph that captured run(p, ...) replays on the new batch. Same
 // errors as plan(), plus invalid_argument if p is not a graph-mode plan or num_heads, format,
 // page size, topk or device differ from the original. Synchronous on the host (call it
-// outside capture, like FlashInfer's plan).
+// outside capture, like FlashInfer's plan). A captured run() keeps the cache view it was
+// captured with (pointers, strides and, for the fp8 TMA kernel, a tensor map bounded by that
+// num_pages): the new problem's pages must lie in that pool.
 void replan(Plan& p, const Problem& problem);
 
 struct RunArgs {

@@ -270,7 +270,7 @@ NB_MODULE(_fp8mla, m) {
          float sm_scale, int topk, nb::handle sparse_indices, const std::string& device,
          int device_id, int sm_count, int ctas_per_sm, int min_chunk_tokens, int num_threads,
          bool cpu_reference, bool cuda_graph, int max_batch, int max_total_q,
-         std::int64_t max_kv_indices, int max_qo_len) {
+         std::int64_t max_kv_indices, int max_qo_len, bool exact_scores) {
         ProblemArgs pa;
         fill_problem(pa, qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size, num_pages,
                      kv_format, causal, sm_scale, topk, sparse_indices, device, device_id);
@@ -285,6 +285,7 @@ NB_MODULE(_fp8mla, m) {
         o.max_total_q = max_total_q;
         o.max_kv_indices = max_kv_indices;
         o.max_qo_len = max_qo_len;
+        o.exact_scores = exact_scores;
         nb::gil_scoped_release release;
         return fp8mla::plan(pa.problem, o);
       },
@@ -292,7 +293,7 @@ NB_MODULE(_fp8mla, m) {
       "num_heads"_a, "page_size"_a, "num_pages"_a, "kv_format"_a, "causal"_a, "sm_scale"_a,
       "topk"_a, "sparse_indices"_a.none(), "device"_a, "device_id"_a, "sm_count"_a, "ctas_per_sm"_a,
       "min_chunk_tokens"_a, "num_threads"_a, "cpu_reference"_a, "cuda_graph"_a, "max_batch"_a,
-      "max_total_q"_a, "max_kv_indices"_a, "max_qo_len"_a);
+      "max_total_q"_a, "max_kv_indices"_a, "max_qo_len"_a, "exact_scores"_a = false);
 
   m.def(
       "replan",

@@ -113,6 +113,7 @@ def plan(
     max_total_q=0,
     max_kv_indices=0,
     max_qo_len=0,
+    exact_scores=False,
 ):
     """Validates a batch and partitions its work (fp8mla::plan).
 
@@ -126,7 +127,8 @@ def plan(
     num_heads 1..128, page_size a power of two in 1..128, num_pages >= 1 (the pool the cache
     view will have), sm_scale finite and > 0, kv_format a KvFormat or its name, device "cpu",
     "cuda", "cuda:N" or a torch.device. The remaining options are fp8mla::PlanOptions (graph
-    mode: cuda_graph=True with max_batch, max_total_q, max_kv_indices > 0).
+    mode: cuda_graph=True with max_batch, max_total_q, max_kv_indices > 0; exact_scores=True
+    keeps fp8_e4m3 scores off the fp8 tensor cores, README "Numerics").
 
     Returns a Plan. Raises ValueError naming the argument, index and bound for bad input;
     RuntimeError when the device cannot be served (e.g. "cuda" in a build without CUDA).
@@ -144,6 +146,7 @@ def plan(
         int(max_total_q),
         int(max_kv_indices),
         int(max_qo_len),
+        bool(exact_scores),
     )
 
 

@@ -105,7 +105,9 @@ class BatchMLAPagedAttentionWrapper:
     backend: "auto" (by the workspace's device), "fa2" / "fa3" (accepted for compatibility,
         same as "auto"), "cpu", "cpu_reference" (float64 reference path), "cuda".
     Keyword-only fp8mla extras: ``num_pages`` (pool size; default: learned from the cache
-        passed to the first run()), ``num_threads`` (CPU backend threads, 0 = all cores).
+        passed to the first run()), ``num_threads`` (CPU backend threads, 0 = all cores),
+        ``exact_scores`` (CUDA fp8_e4m3: keep the scores off the fp8 tensor cores, whose
+        accumulator keeps 13 mantissa bits; ~20% slower; README "Numerics").
 
     Raises ValueError for an unknown backend.
     """
@@ -126,6 +128,7 @@ class BatchMLAPagedAttentionWrapper:
         max_kv_indices=None,
         max_qo_len=None,
         num_threads=0,
+        exact_scores=False,
     ):
         if backend not in _BACKENDS:
             raise ValueError(f"backend: expected one of {', '.join(_BACKENDS)}, got {backend!r}")
@@ -144,6 +147,7 @@ class BatchMLAPagedAttentionWrapper:
         self._backend = backend
         self._cpu_reference = backend == "cpu_reference"
         self._num_threads = int(num_threads)
+        self._exact_scores = bool(exact_scores)
         self._use_cuda_graph = bool(use_cuda_graph)
         self._num_pages = int(num_pages) if num_pages is not None else None
         if max_batch is None and self._use_cuda_graph:
@@ -272,6 +276,7 @@ class BatchMLAPagedAttentionWrapper:
                 int(max_total_q) if graph else 0,
                 int(max_kv) if graph else 0,
                 int(self._max_qo_len or 0) if graph else 0,
+                self._exact_scores,
             )
         self._planned_pages = num_pages
 

@@ -86,6 +86,18 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, 
       : "memory");
 }
 
+// A tile of a 3-D tensor map (the TMA engine: box, swizzle and bounds from the map, encoded on
+// the host) at coordinates (x, y, z) into shared memory, counted on the mbarrier `bar`. `map` is
+// the generic address of a __grid_constant__ kernel parameter.
+__device__ __forceinline__ void tma_load_3d(void* dst, const void* map, int x, int y, int z,
+                                            void* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, "
+      "{%2, %3, %4}], [%5];\n" ::"r"(smem_addr(dst)),
+      "l"(map), "r"(x), "r"(y), "r"(z), "r"(smem_addr(bar))
+      : "memory");
+}
+
 // ldmatrix: four (x4) or two (x2) 8x8 b16 matrices; `trans` transposes each.
 __device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* smem) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -165,11 +177,15 @@ __device__ __forceinline__ void pdl_wait() {
 // unit u of row r stored at unit u ^ (r % 8), 8-row atoms of 1024 bytes (the base must be
 // 1024-byte aligned up to the in-row offset). lbo / sbo: the byte strides the PTX ISA names
 // "leading" and "stride" dimension offsets for the operand's major-ness.
+// kSwizzle = 64: rows of 64 bytes, unit u of row r at u ^ (r / 2 % 4), 512-byte atoms.
+template <int kSwizzle = 128>
 __device__ __forceinline__ std::uint64_t wgmma_desc(const void* smem, std::uint32_t lbo,
                                                     std::uint32_t sbo) {
+  static_assert(kSwizzle == 128 || kSwizzle == 64, "128- or 64-byte swizzle");
+  constexpr std::uint64_t kLayout = kSwizzle == 128 ? 1 : 2;
   return static_cast<std::uint64_t>((smem_addr(smem) & 0x3ffffu) >> 4) |
          static_cast<std::uint64_t>((lbo >> 4) & 0x3fffu) << 16 |
-         static_cast<std::uint64_t>((sbo >> 4) & 0x3fffu) << 32 | 1ull << 62;
+         static_cast<std::uint64_t>((sbo >> 4) & 0x3fffu) << 32 | kLayout << 62;
 }
 // A descriptor moved by `bytes` (a multiple of 16 that keeps the address in shared memory).
 // Only the low word changes: the 14-bit address field cannot carry (shared memory < 256 KB).
@@ -180,6 +196,11 @@ __device__ __forceinline__ std::uint64_t desc_add(std::uint64_t desc, std::uint3
 // Byte offset of (row, byte) in a 128-byte-swizzled panel.
 __device__ __forceinline__ int sw128(int row, int byte) {
   return row * 128 + ((((byte >> 4) ^ row) & 7) << 4) + (byte & 15);
+}
+// Byte offset of (row, byte) in a 64-byte-swizzled panel (the TMA engine's and wgmma's
+// SWIZZLE_64B: address bits 4-5 XOR bits 7-8).
+__device__ __forceinline__ int sw64(int row, int byte) {
+  return row * 64 + ((((byte >> 4) ^ (row >> 1)) & 3) << 4) + (byte & 15);
 }
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -215,6 +236,16 @@ __device__ __forceinline__ void fence_proxy_async() {
   "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),    \
       "+f"(d[15])
+// D (64 x 32 fp32) (+)= A (64 x 32 e4m3, shared memory, K-major) * B (32 x 32 e4m3, shared
+// memory, K-major): fp8 operands must both be K-major.
+#define FP8MLA_WGMMA_64x32x32_E4M3                                                                \
+  asm volatile(                                                                                   \
+      "{\n .reg .pred p;\n setp.ne.b32 p, %18, 0;\n"                                              \
+      " wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3"                                     \
+      " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, " \
+      "1;\n}\n"                                                                                   \
+      : FP8MLA_WGMMA_D16                                                                          \
+      : "l"(a), "l"(b), "r"(accumulate))
 #define FP8MLA_WGMMA_64x64_SS(TY)                                                                \
   asm volatile(                                                                                  \
       "{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"                                             \
@@ -275,6 +306,11 @@ __device__ __forceinline__ void wgmma_64x32x16_ss(float (&d)[16], std::uint64_t 
     FP8MLA_WGMMA_64x32_SS("f16");
   }
 }
+__device__ __forceinline__ void wgmma_64x32x32_e4m3(float (&d)[16], std::uint64_t a,
+                                                    std::uint64_t b, int accumulate) {
+  FP8MLA_WGMMA_64x32x32_E4M3;
+}
+#undef FP8MLA_WGMMA_64x32x32_E4M3
 #undef FP8MLA_WGMMA_64x32_SS
 #undef FP8MLA_WGMMA_64x64_RS
 #undef FP8MLA_WGMMA_64x64_SS

@@ -1,4 +1,6 @@
 // Launchers: run() on a CUDA plan (decode kernel + split-KV merge) and merge_states().
+#include <cuda.h>  // CUtensorMap and its encoder's types; the encoder is reached through the runtime
+
 #include <array>
 #include <cmath>
 #include <mutex>
@@ -7,6 +9,7 @@
 #include "src/core/check.h"
 #include "src/cuda/cuda_util.cuh"
 #include "src/cuda/decode_fp8_kernel.cuh"
+#include "src/cuda/decode_fp8_tma_kernel.cuh"
 #include "src/cuda/decode_kernel.cuh"
 #include "src/cuda/decode_wgmma_kernel.cuh"
 #include "src/cuda/plan_buffers.h"
@@ -148,8 +151,66 @@ const std::array<std::array<KernelEntry, 3>, 3> kDecodeKernels = {{
      entry<KvFormat::fp8_e4m3_block, 4>()},
 }};
 
-const KernelEntry& decode_kernel(KvFormat format, int row_tiles) {
+// fp8_e4m3 tiles of <= 16 rows on dense page tables with pages of >= 8 tokens run the TMA kernel
+// instead (decode_fp8_tma_kernel.cuh: tensor-map copies of page runs, S on fp8 wgmma), when
+// kpe_scale / ckv_scale is a power of two (q_pe carries it exactly; one cache scale, as
+// PagedLatentCache keeps, gives 1). Smaller pages and sparse lists are per token, where the
+// fragment kernel's one bulk copy a token beat cp.async copies in the TMA kernel (bench/NOTES.md
+// v18b). PlanOptions::exact_scores keeps the fragment kernel (fp16 products, fp32 sums).
+const KernelEntry kFp8TmaKernel{&mla_decode_fp8_tma_kernel, fp8tma::kSmemBytes};
+bool use_tma_kernel(const PlanState& plan, KvFormat format, int row_tiles, float scale_nope,
+                    float scale_pe) {
+  int e = 0;
+  const bool pow2 = std::isnormal(scale_nope) && std::isnormal(scale_pe) &&
+                    std::frexp(scale_pe / scale_nope, &e) == 0.5f;
+  return format == KvFormat::fp8_e4m3 && row_tiles == 1 && plan.page_size >= 8 && plan.topk == 0 &&
+         pow2 && !plan.options.exact_scores;
+}
+
+const KernelEntry& decode_kernel(KvFormat format, int row_tiles, bool tma = false) {
+  if (tma) return kFp8TmaKernel;
   return kDecodeKernels[static_cast<int>(format)][row_tile_index(row_tiles)];
+}
+
+// cuTensorMapEncodeTiled (a host function of the driver), found once through the runtime so the
+// library links no libcuda.
+using EncodeTiledFn = decltype(&cuTensorMapEncodeTiled);
+EncodeTiledFn encode_tiled() {
+  static const EncodeTiledFn fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    FP8MLA_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
+                                                       cudaEnableDefault, &found));
+    if (found != cudaDriverEntryPointSuccess || f == nullptr)
+      throw Error(ErrorCode::cuda_error, "cuTensorMapEncodeTiled",
+                  "the CUDA driver does not provide it (needs CUDA 12.0 or later)");
+    return reinterpret_cast<EncodeTiledFn>(f);
+  }();
+  return fn;
+}
+
+// One cache half as a [num_pages, page_size, bytes] u8 tensor map with boxes of
+// (bytes <= 128 wide) x min(page_size, 64) x 1 tokens and the swizzle of that width.
+void encode_page_map(TensorMap& map, const void* base, std::uint64_t bytes, int page_size,
+                     std::int64_t num_pages, std::int64_t token_stride, std::int64_t page_stride,
+                     const char* name) {
+  const cuuint64_t dims[3] = {bytes, static_cast<cuuint64_t>(page_size),
+                              static_cast<cuuint64_t>(num_pages)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(token_stride),
+                                 static_cast<cuuint64_t>(page_stride)};
+  const cuuint32_t box[3] = {bytes >= 128 ? 128u : static_cast<cuuint32_t>(bytes),
+                             static_cast<cuuint32_t>(std::min(page_size, 64)), 1};
+  const cuuint32_t elem[3] = {1, 1, 1};
+  const CUresult r = encode_tiled()(
+      reinterpret_cast<CUtensorMap*>(&map), CU_TENSOR_MAP_DATA_TYPE_UINT8, 3,
+      const_cast<void*>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      bytes >= 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw Error(
+        ErrorCode::cuda_error, name,
+        msg("cuTensorMapEncodeTiled failed (CUresult ", static_cast<int>(r), ") for token stride ",
+            token_stride, " and page stride ", page_stride, " bytes"));
 }
 
 // Raises each kernel's dynamic shared-memory limit once per process (and device).
@@ -255,8 +316,15 @@ void cuda_run(PlanState& plan, const RunArgs& args) {
   // Graph-mode plans launch their full capacity (idle CTAs exit at once), so a captured launch
   // stays valid when replan() changes the tile count.
   const std::int64_t grid = b.graph ? b.cap_tiles : b.num_tiles;
+  const bool tma = use_tma_kernel(plan, kv.format, b.row_tiles, p.scale_nope, p.scale_pe);
+  if (tma && grid > 0) {
+    encode_page_map(p.ckv_map, p.ckv, 512, plan.page_size, plan.num_pages, p.ckv_token_stride,
+                    p.ckv_page_stride, "kv.ckv");
+    encode_page_map(p.kpe_map, p.kpe, 64, plan.page_size, plan.num_pages, p.kpe_token_stride,
+                    p.kpe_page_stride, "kv.kpe");
+  }
   if (grid > 0) {
-    const KernelEntry& k = decode_kernel(kv.format, b.row_tiles);
+    const KernelEntry& k = decode_kernel(kv.format, b.row_tiles, tma);
     prepare(k);
     k.fn<<<static_cast<unsigned>(grid), decode::kThreads, k.smem, stream>>>(p);
     FP8MLA_CUDA_CHECK_LAUNCH("mla_decode_kernel");

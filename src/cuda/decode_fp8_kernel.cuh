@@ -1,5 +1,7 @@
-// The fp8_e4m3 decode kernel for tiles of <= 16 rows (heads x query tokens): the bandwidth
-// targets. One CTA (8 warps) per WorkTile, two CTAs per SM. Nothing is dequantized into a
+// The fp8_e4m3 decode kernel for tiles of <= 16 rows (heads x query tokens) on pages of < 8
+// tokens, sparse index lists and kpe_scale / ckv_scale ratios that are not powers of two (the
+// rest runs decode_fp8_tma_kernel.cuh, which shares this kernel's P V and epilogue pieces). One
+// CTA (8 warps) per WorkTile, two CTAs per SM. Nothing is dequantized into a
 // shared-memory tile: v1-v4 spent ~300 KB of shared-memory traffic per 64-token block (36.9 KB
 // from HBM) staging, dequantizing and re-reading a 16-bit tile, and took the same time per
 // token for fp8 and bf16 caches (bench/NOTES.md, v4-v7). Per block:
@@ -57,7 +59,8 @@ static_assert(kRows * kQPitch <= kRed - kPart && kRows * 4 <= kFlags - kRed, "Q 
 // Two CTAs per SM (16 warps): v5 ran one (255 registers, Q fragments of all 576 dims per
 // thread) and ncu showed it latency bound: 0.41 eligible warps per scheduler, 29% issue busy.
 inline constexpr int kMinBlocks = 2;
-static_assert(kMinBlocks * (kSmemBytes + 1024) <= 228 * 1024, "two CTAs must fit an SM");
+static_assert(kMinBlocks * (kSmemBytes + 1024) + decode::kMergeCtaSmem <= 228 * 1024,
+              "two CTAs and a merge CTA must fit an SM");
 
 // Block `blk`'s copies into `stage` by the TMA engine, one token per bulk copier
 // (decode::bulk_token; page-table `entry` from token_entry_of). v7-v11 copied with cp.async, 16
@@ -71,10 +74,93 @@ __device__ __forceinline__ void load_block(const DecodeParams& p, const WorkTile
                                    smem + kFlags + stage * kBlockN + tok, smem + kBar + 8 * stage);
 }
 
+// Tile row q_r's q as 72 chunks of 8 bf16 dims (nope 0..63, rope 64..71), read by 16 threads a
+// row: thread q_part holds chunks q_part + 16 i (zeros past 72 and past the tile's rows).
+__device__ __forceinline__ void load_q_chunks(const DecodeParams& p, const WorkTile& t, int q_first,
+                                              int rows, int q_r, int q_part, uint4 (&q_v)[5]) {
+  const std::int64_t tok = q_first + q_r / t.head_count, h = t.head_begin + q_r % t.head_count;
+  const __nv_bfloat16* nope = p.q_nope + tok * p.q_nope_stride[0] + h * p.q_nope_stride[1];
+  const __nv_bfloat16* pe = p.q_pe + tok * p.q_pe_stride[0] + h * p.q_pe_stride[1];
+#pragma unroll
+  for (int i = 0; i < 5; ++i) {
+    const int c = q_part + 16 * i;
+    q_v[i] = make_uint4(0, 0, 0, 0);
+    if (c < 72 && q_r < rows)
+      q_v[i] = *reinterpret_cast<const uint4*>(c < 64 ? nope + 8 * c : pe + 8 * (c - 64));
+  }
+}
+
+// O += P V for 16 tokens: `a` the P fragment (ldmatrix), v0 / v1 / v8 / v9 the thread's 8 codes
+// of tokens tk, tk + 1, tk + 8, tk + 9 (tk = 16 kk + 2 tq; its 8 columns, one per n-tile).
+// Byte permutes pair token tk's and tk + 1's codes of a column: [x0 y0 x1 y1], [x2 y2 x3 y3].
+__device__ __forceinline__ void pv_step(float (&o)[8][4], const std::uint32_t (&a)[4], uint2 v0,
+                                        uint2 v1, uint2 v8, uint2 v9) {
+  std::uint32_t b0[8], b1[8];
+  fp8x4_to_half2x2(__byte_perm(v0.x, v1.x, 0x5140), b0[0], b0[1]);
+  fp8x4_to_half2x2(__byte_perm(v0.x, v1.x, 0x7362), b0[2], b0[3]);
+  fp8x4_to_half2x2(__byte_perm(v0.y, v1.y, 0x5140), b0[4], b0[5]);
+  fp8x4_to_half2x2(__byte_perm(v0.y, v1.y, 0x7362), b0[6], b0[7]);
+  fp8x4_to_half2x2(__byte_perm(v8.x, v9.x, 0x5140), b1[0], b1[1]);
+  fp8x4_to_half2x2(__byte_perm(v8.x, v9.x, 0x7362), b1[2], b1[3]);
+  fp8x4_to_half2x2(__byte_perm(v8.y, v9.y, 0x5140), b1[4], b1[5]);
+  fp8x4_to_half2x2(__byte_perm(v8.y, v9.y, 0x7362), b1[6], b1[7]);
+#pragma unroll
+  for (int n = 0; n < 8; ++n) mma_16816<false>(o[n], a, b0[n], b1[n]);
+}
+
+// O rows g + 8 h times the online softmax's alpha. The max rarely moves after the first blocks:
+// the 16 multiplies are skipped when no row of the warp needs them.
+__device__ __forceinline__ void rescale_rows(float (&o)[8][4], int h, float alpha) {
+  if (__any_sync(0xffffffffu, alpha != 1.0f)) {
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      o[n][2 * h] *= alpha;
+      o[n][2 * h + 1] *= alpha;
+    }
+  }
+}
+
+// Writes row r (= g + 8 h) of a finished tile from the P V fragments o (n-tile n, fragment
+// column g is column 64 warp + 8 g + n, so the thread holds columns 64 warp + 16 tq + n and
+// + 8 + n): bf16 out and lse, or the split's fp32 partial row and its lse. Shared with the TMA
+// kernel (decode_fp8_tma_kernel.cuh), which keeps this mapping.
+__device__ __forceinline__ void write_row(const DecodeParams& p, const WorkTile& t,
+                                          const DeviceTile& tile, int warp, int tq, int h, int r,
+                                          const float (&o)[8][4], decode::RowEnd end) {
+  const float inv = end.inv, lse = end.lse;
+  const int tr = r / t.head_count;
+  const std::int64_t head = t.head_begin + r % t.head_count;
+  const std::int64_t token = tile.q_first + tr;
+  const int col0 = 64 * warp + 16 * tq;  // columns col0 + n (c0, c2) and col0 + 8 + n (c1, c3)
+  if (t.split < 0) {
+    __nv_bfloat16* dst = p.out + token * p.out_stride[0] + head * p.out_stride[1] + col0;
+#pragma unroll
+    for (int n = 0; n < 8; n += 2) {
+      *reinterpret_cast<__nv_bfloat162*>(dst + n) =
+          __floats2bfloat162_rn(o[n][2 * h] * inv, o[n + 1][2 * h] * inv);
+      *reinterpret_cast<__nv_bfloat162*>(dst + 8 + n) =
+          __floats2bfloat162_rn(o[n][2 * h + 1] * inv, o[n + 1][2 * h + 1] * inv);
+    }
+    if (p.lse != nullptr && warp == 0 && tq == 0)
+      p.lse[token * p.lse_stride[0] + head * p.lse_stride[1]] = lse;
+  } else {
+    const std::int64_t prow = decode::partial_row(p, t, tile.qo_len, tr, head);
+    float* dst = p.partial_o + prow * 512 + col0;
+#pragma unroll
+    for (int n = 0; n < 8; n += 4) {
+      *reinterpret_cast<float4*>(dst + n) = make_float4(
+          o[n][2 * h] * inv, o[n + 1][2 * h] * inv, o[n + 2][2 * h] * inv, o[n + 3][2 * h] * inv);
+      *reinterpret_cast<float4*>(dst + 8 + n) =
+          make_float4(o[n][2 * h + 1] * inv, o[n + 1][2 * h + 1] * inv, o[n + 2][2 * h + 1] * inv,
+                      o[n + 3][2 * h + 1] * inv);
+    }
+    if (warp == 0 && tq == 0) p.partial_lse[prow] = lse;
+  }
+}
+
 }  // namespace fp8frag
 
-__global__ void __launch_bounds__(fp8frag::kThreads, fp8frag::kMinBlocks)
-    mla_decode_fp8_kernel(const DecodeParams p) {
+__global__ void __maxnreg__(decode::kMaxRegsTwoCtas) mla_decode_fp8_kernel(const DecodeParams p) {
   using namespace fp8frag;
   DeviceTile tile;
   if (!decode::load_tile(p, tile)) return;
@@ -106,18 +192,7 @@ __global__ void __launch_bounds__(fp8frag::kThreads, fp8frag::kMinBlocks)
   // before the first block, which dominated short requests (bench/NOTES.md v12).
   const int q_r = threadIdx.x / 16, q_part = threadIdx.x % 16;  // row, thread within the row
   uint4 q_v[5];
-  {
-    const std::int64_t tok = q_first + q_r / t.head_count, h = t.head_begin + q_r % t.head_count;
-    const __nv_bfloat16* nope = p.q_nope + tok * p.q_nope_stride[0] + h * p.q_nope_stride[1];
-    const __nv_bfloat16* pe = p.q_pe + tok * p.q_pe_stride[0] + h * p.q_pe_stride[1];
-#pragma unroll
-    for (int i = 0; i < 5; ++i) {
-      const int c = q_part + 16 * i;  // chunk: dims 8 c .. 8 c + 7 (nope 0..63, rope 64..71)
-      q_v[i] = make_uint4(0, 0, 0, 0);
-      if (c < 72 && q_r < rows)
-        q_v[i] = *reinterpret_cast<const uint4*>(c < 64 ? nope + 8 * c : pe + 8 * (c - 64));
-    }
-  }
+  fp8frag::load_q_chunks(p, t, q_first, rows, q_r, q_part, q_v);
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) mbar_init(smem + kBar + 8 * s, kBlockN);
     fence_mbar_init();
@@ -295,15 +370,7 @@ __global__ void __launch_bounds__(fp8frag::kThreads, fp8frag::kMinBlocks)
       p_s[r * kPElems + tok_b] = __half_as_ushort(pb);
       // Sum what the tensor cores multiply (the rounded p), so o / l stays exact.
       row_sum[h] = row_sum[h] * alpha + (__half2float(pa) + __half2float(pb));
-      // The max rarely moves after the first blocks: skip the 16 multiplies when no row of the
-      // warp needs them.
-      if (__any_sync(0xffffffffu, alpha != 1.0f)) {
-#pragma unroll
-        for (int n = 0; n < 8; ++n) {
-          o[n][2 * h] *= alpha;
-          o[n][2 * h + 1] *= alpha;
-        }
-      }
+      fp8frag::rescale_rows(o, h, alpha);
     }
     __syncthreads();
 
@@ -319,18 +386,7 @@ __global__ void __launch_bounds__(fp8frag::kThreads, fp8frag::kMinBlocks)
       const uint2 v1 = *reinterpret_cast<const uint2*>(v_col + (tk + 1) * kPitch);
       const uint2 v8 = *reinterpret_cast<const uint2*>(v_col + (tk + 8) * kPitch);
       const uint2 v9 = *reinterpret_cast<const uint2*>(v_col + (tk + 9) * kPitch);
-      std::uint32_t b0[8], b1[8];
-      // Byte permutes pair token tk's and tk + 1's codes of a column: [x0 y0 x1 y1], [x2 y2 x3 y3].
-      fp8x4_to_half2x2(__byte_perm(v0.x, v1.x, 0x5140), b0[0], b0[1]);
-      fp8x4_to_half2x2(__byte_perm(v0.x, v1.x, 0x7362), b0[2], b0[3]);
-      fp8x4_to_half2x2(__byte_perm(v0.y, v1.y, 0x5140), b0[4], b0[5]);
-      fp8x4_to_half2x2(__byte_perm(v0.y, v1.y, 0x7362), b0[6], b0[7]);
-      fp8x4_to_half2x2(__byte_perm(v8.x, v9.x, 0x5140), b1[0], b1[1]);
-      fp8x4_to_half2x2(__byte_perm(v8.x, v9.x, 0x7362), b1[2], b1[3]);
-      fp8x4_to_half2x2(__byte_perm(v8.y, v9.y, 0x5140), b1[4], b1[5]);
-      fp8x4_to_half2x2(__byte_perm(v8.y, v9.y, 0x7362), b1[6], b1[7]);
-#pragma unroll
-      for (int n = 0; n < 8; ++n) mma_16816<false>(o[n], a, b0[n], b1[n]);
+      fp8frag::pv_step(o, a, v0, v1, v8, v9);
     }
   }
 
@@ -352,36 +408,8 @@ __global__ void __launch_bounds__(fp8frag::kThreads, fp8frag::kMinBlocks)
     float l = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) l += red_sum[w * kRows + r];
-    const decode::RowEnd end = decode::finish_row(row_max[h], l, p.out_scale);
-    const float inv = end.inv, lse = end.lse;
-    const int tr = r / t.head_count;
-    const std::int64_t head = t.head_begin + r % t.head_count;
-    const std::int64_t token = q_first + tr;
-    const int col0 = 64 * warp + 16 * tq;  // columns col0 + n (c0, c2) and col0 + 8 + n (c1, c3)
-    if (t.split < 0) {
-      __nv_bfloat16* dst = p.out + token * p.out_stride[0] + head * p.out_stride[1] + col0;
-#pragma unroll
-      for (int n = 0; n < 8; n += 2) {
-        *reinterpret_cast<__nv_bfloat162*>(dst + n) =
-            __floats2bfloat162_rn(o[n][2 * h] * inv, o[n + 1][2 * h] * inv);
-        *reinterpret_cast<__nv_bfloat162*>(dst + 8 + n) =
-            __floats2bfloat162_rn(o[n][2 * h + 1] * inv, o[n + 1][2 * h + 1] * inv);
-      }
-      if (p.lse != nullptr && warp == 0 && tq == 0)
-        p.lse[token * p.lse_stride[0] + head * p.lse_stride[1]] = lse;
-    } else {
-      const std::int64_t prow = decode::partial_row(p, t, qo_len, tr, head);
-      float* dst = p.partial_o + prow * 512 + col0;
-#pragma unroll
-      for (int n = 0; n < 8; n += 4) {
-        *reinterpret_cast<float4*>(dst + n) = make_float4(
-            o[n][2 * h] * inv, o[n + 1][2 * h] * inv, o[n + 2][2 * h] * inv, o[n + 3][2 * h] * inv);
-        *reinterpret_cast<float4*>(dst + 8 + n) =
-            make_float4(o[n][2 * h + 1] * inv, o[n + 1][2 * h + 1] * inv, o[n + 2][2 * h + 1] * inv,
-                        o[n + 3][2 * h + 1] * inv);
-      }
-      if (warp == 0 && tq == 0) p.partial_lse[prow] = lse;
-    }
+    fp8frag::write_row(p, t, tile, warp, tq, h, r, o,
+                       decode::finish_row(row_max[h], l, p.out_scale));
   }
 }
 

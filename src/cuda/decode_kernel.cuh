@@ -1,6 +1,7 @@
 // The shared-memory-tile MLA decode kernel: one CTA per WorkTile (request, query block, head
 // block, kv range). It runs the bf16 and 656-byte block-format caches; fp8_e4m3 tiles have
-// their own kernels (decode_fp8_kernel.cuh: <= 16 rows, decode_wgmma_kernel.cuh: 17-64 rows).
+// their own kernels (<= 16 rows: decode_fp8_tma_kernel.cuh on pages of >= 8 tokens,
+// decode_fp8_kernel.cuh otherwise; 17-64 rows: decode_wgmma_kernel.cuh).
 //
 // Per block of 64 cache tokens:
 //   1. cp.async the tokens' raw bytes (any format, paged or gathered per token, 16-byte vectors)
@@ -28,6 +29,13 @@ namespace fp8mla::detail {
 namespace decode {
 
 inline constexpr int kThreads = 256;
+// Register cap of the kernels that run two CTAs per SM (the fp8_e4m3 <= 16-row kernels):
+// 2 x 256 x 112 leaves 8192 of an SM's 65536 registers, room for one split-merge CTA (256
+// threads x 32), so the merge, launched as a programmatic dependent, becomes resident and waits
+// while the decode grid runs. At 124-128 registers it could start only as decode CTAs exited:
+// +2.5 us at 1/8/32768 (bench/NOTES.md v21). Shared memory leaves room for it too.
+inline constexpr int kMaxRegsTwoCtas = 112;
+inline constexpr int kMergeCtaSmem = 6 * 1024;  // split_merge_kernel: 5 KB + the 1 KB reserved
 inline constexpr int kWarps = kThreads / 32;
 inline constexpr int kBlockN = 64;         // cache tokens per block
 inline constexpr int kRowElems = 576 + 8;  // bf16 row pitch in smem: 1168 B, ldmatrix conflict-free

@@ -25,6 +25,12 @@ struct DeviceTile {
 };
 static_assert(sizeof(DeviceTile) == 64, "one tile is four 16-byte loads");
 
+// A CUtensorMap (cuda.h: 128 opaque bytes, 64-byte aligned), encoded by the launcher
+// (decode.cu); kernels pass its address to the TMA engine.
+struct alignas(64) TensorMap {
+  std::uint64_t opaque[16];
+};
+
 struct DecodeParams {
   const DeviceTile* tiles;             // [capacity]; the first *num_tiles are live
   const std::int32_t* num_tiles;       // device scalar (rewritten in place by replan)
@@ -56,6 +62,10 @@ struct DecodeParams {
   std::int64_t lse_stride[2];
   float* partial_o;    // [partial_rows, 512]
   float* partial_lse;  // [partial_rows]
+  // fp8_e4m3 tiles of the TMA kernel (decode_fp8_tma_kernel.cuh) only: ckv as [num_pages,
+  // page_size, 512] bytes (boxes of 128 x min(page_size, 64) x 1, 128-byte swizzle) and kpe as
+  // [num_pages, page_size, 64] (boxes of 64 x min(page_size, 64) x 1, 64-byte swizzle).
+  TensorMap ckv_map, kpe_map;
 };
 
 // One row of a split request to merge: request and row (t * H + h) within it.

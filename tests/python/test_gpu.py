@@ -186,3 +186,26 @@ def test_cuda_graph_capture_replan_replay(rng, fmt, page_size, qo_len):
         big = ref.Batch(rng, [10] * (bs + 1), [qo_len] * (bs + 1), page_size,
                         num_pages=num_pages)
         cases.plan_batch(w, big, heads, True, 0.0625, fmt, DEVICE)
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_exact_scores_option(rng, exact):
+    """fp8_e4m3 on pages of 64 with scores up to ~50 (sm_scale 0.4): the default path computes
+    the scores on fp8 tensor cores (13-bit accumulator) and meets the GPU tolerances;
+    exact_scores=True keeps them off (fp16 products, fp32 sums) and its lse meets the CPU
+    backend's tolerance too."""
+    b = ref.Batch(rng, [1500, 700, 1100], [1, 1, 1], 64)
+    data, pool = ref.make_pool(rng, "fp8_e4m3", b.num_pages, 64)
+    q_bits, q = ref.random_q(rng, b.total_q, 16)
+    w = cases.make_wrapper(DEVICE, exact_scores=exact)
+    cases.plan_batch(w, b, 16, False, 0.4, "fp8_e4m3", DEVICE)
+    ckv, kpe = cases.torch_cache(data, "fp8_e4m3", DEVICE)
+    qt = cases.bf16(q_bits, DEVICE)
+    o, lse = w.run(qt[:, :, :512], qt[:, :, 512:], ckv, kpe, return_lse=True)
+    ro, rl = ref.attention(q, pool, b.qo_indptr, b.kv_indptr, b.kv_indices, b.kv_len, 64, False,
+                           np.float32(0.4))
+    lse = lse.cpu().numpy()
+    assert float(np.max(rl)) * ref.LOG2E > 30.0  # the case does reach large scores
+    ref.check_attention(cases.bits(o), lse, ro, rl * ref.LOG2E, "gpu", DEVICE, pool)
+    if exact:
+        ref.assert_close(lse, rl * ref.LOG2E, ref.LSE_RTOL, ref.LSE_ATOL, "exact_scores lse")

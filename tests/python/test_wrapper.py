@@ -235,3 +235,25 @@ def test_failed_plan_keeps_the_last_plan(rng):
     ro, _ = ref.attention(q, pool, b.qo_indptr, b.kv_indptr, b.kv_indices, b.kv_len, 4, False,
                           np.float32(0.1))
     ref.check_attention(o, None, ro, None, "after a failed plan")
+
+
+def test_exact_scores_changes_nothing_on_the_cpu(rng):
+    """exact_scores picks a CUDA kernel for fp8_e4m3; the CPU backend computes exactly either
+    way, so both wrappers (and fp8mla.plan with the option) give identical bits."""
+    b = ref.Batch(rng, [300, 65], [1, 2], 64)
+    data, pool = ref.make_pool(rng, "fp8_e4m3", b.num_pages, 64)
+    ckv, kpe = ref.cache_views(data, "fp8_e4m3")
+    q_bits, q = ref.random_q(rng, b.total_q, 8)
+    outs = []
+    for exact in (False, True):
+        w = fp8mla.BatchMLAPagedAttentionWrapper(None, exact_scores=exact)
+        flashinfer_plan(w, b, 8, True, 0.3, "bfloat16", "float8_e4m3fn")
+        outs.append(w.run(q_bits[:, :, :512], q_bits[:, :, 512:], ckv, kpe, return_lse=True))
+    np.testing.assert_array_equal(outs[0][0], outs[1][0])
+    np.testing.assert_array_equal(outs[0][1], outs[1][1])
+    ro, rl = ref.attention(q, pool, b.qo_indptr, b.kv_indptr, b.kv_indices, b.kv_len, 64, True,
+                           np.float32(0.3))
+    ref.check_attention(outs[1][0], outs[1][1], ro, rl * ref.LOG2E, "exact_scores")
+    p = fp8mla.plan(b.qo_indptr, b.kv_indptr, b.kv_indices, b.kv_len, num_heads=8, page_size=64,
+                    num_pages=b.num_pages, sm_scale=0.3, exact_scores=True)
+    assert p.batch == 2 and len(p.tiles) >= 2

@@ -29,6 +29,7 @@ struct BenchOptions {
   bool no_progress = false;
   std::string device = "auto";
   int min_chunk = 0;
+  bool exact_scores = false;
 };
 
 // The fast path against the float64 reference: fp32 accumulation and bf16 output rounding.
@@ -249,6 +250,8 @@ int run_bench(std::span<const std::string_view> argv) {
              "cuda: split no request finer than this many tokens (PlanOptions::min_chunk_tokens; "
              "0: the planner's default)",
              0, 1 << 24);
+  ap.add_flag("exact-scores", &o.exact_scores,
+              "cuda: PlanOptions::exact_scores (fp8_e4m3 scores off the fp8 tensor cores)");
   ap.set_epilog(
       "examples:\n  fp8mla bench --quick\n"
       "  fp8mla bench --batch 1,64 --heads 8 --context 4096 --format fp8_e4m3");
@@ -267,6 +270,7 @@ int run_bench(std::span<const std::string_view> argv) {
     g.json_path = o.json;
     g.progress = !o.no_progress;
     g.min_chunk_tokens = o.min_chunk;
+    g.exact_scores = o.exact_scores;
     return bench::run_gpu_bench(g);
   }
   if (o.device == "auto") {
