@@ -11,7 +11,11 @@
 //    when dense (with causal the last row sees all L_r tokens, so that bounds every row), topk
 //    when sparse (then the kv range is positions [0, topk) of each token's index list).
 //  * target = sm_count * ctas_per_sm (ctas_per_sm resolved: the option, or the CUDA kernel's
-//    residency from the occupancy API, or 1 on the CPU), W = sum of the groups' work,
+//    residency from the occupancy API, or 1 on the CPU), W = sum of the groups' work; but
+//    target = sm_count when ctas_per_sm came from the kernel and W < 768 tokens per SM: below
+//    that a second CTA per SM costs more (start-up, twice the partials to merge) than it hides
+//    (H200 sweep, bench/NOTES.md v22: 1/16/32768 22.4 -> 17.3 us, 16/8/4096 24.1 -> 21.2 us;
+//    from ~1000 tokens per SM on, two CTAs win: 64/8/4096 49.5 vs 58.0 us),
 //    c_min = round_up(max(min_chunk_tokens, ceil(W / target)), 64). For a chunk c, request r gets
 //    n_r = ceil(L_r / c) splits (1 when L_r <= c, so also for L_r = 0). A split request
 //    cuts [0, L_r) into n_r near-equal ranges of chunk_r = round_up(ceil(L_r / n_r), 64) <= c
@@ -55,7 +59,8 @@ using detail::PlanState;
 using detail::require;
 using I32Span = std::span<const std::int32_t>;
 
-constexpr std::int64_t kChunkAlign = 64;  // split boundaries, in tokens (a kernel's kv tile)
+constexpr std::int64_t kChunkAlign = 64;       // split boundaries, in tokens (a kernel's kv tile)
+constexpr std::int64_t kSharedSmTokens = 768;  // work per SM from which CTAs share SMs (above)
 
 // Graph mode: the longest request the captured kernels are built for.
 std::int64_t graph_max_qo_len(const PlanOptions& o) {
@@ -283,7 +288,10 @@ void partition(PlanState& s) {
     work += q_blocks(r) * b.head_blocks * length(r);
     if (qo_len(r) > 0) longest = std::max(longest, length(r));
   }
-  const std::int64_t target = target_tiles(s);
+  const std::int64_t target =
+      s.options.ctas_per_sm == 0 && s.ctas_per_sm > 1 && work < kSharedSmTokens * s.sm_count
+          ? s.sm_count
+          : target_tiles(s);
   const std::int64_t c_min = round_up(
       std::max<std::int64_t>(s.options.min_chunk_tokens, ceil_div(work, target)), kChunkAlign);
   auto splits_of = [](std::int64_t len, std::int64_t c) { return len <= c ? 1 : ceil_div(len, c); };

@@ -325,6 +325,37 @@ TEST(CudaDecodeScores, LargeScoresStayAccurate) {
   }
 }
 
+// The planner's split on a CUDA device: below ~768 tokens of work per SM one tile per SM (a
+// second CTA per SM costs more than it hides there), above it two per SM (the kernels'
+// residency).
+TEST(CudaPlan, SmallProblemsTakeOneTilePerSm) {
+  SKIP_WITHOUT_GPU();
+  const int sms = detail::cuda_sm_count(0);
+  auto tiles_for = [&](int batch, int context) {
+    const int pages = context / 64;
+    std::vector<std::int32_t> qo(batch + 1), kvp(batch + 1), len(batch, context), idx;
+    for (int r = 0; r <= batch; ++r) qo[r] = r, kvp[r] = r * pages;
+    for (int i = 0; i < batch * pages; ++i) idx.push_back(i);
+    Problem pb;
+    pb.num_heads = 8;
+    pb.page_size = 64;
+    pb.num_pages = batch * pages;
+    pb.kv_format = KvFormat::fp8_e4m3;
+    pb.sm_scale = 0.07f;
+    pb.qo_indptr = qo;
+    pb.kv_indptr = kvp;
+    pb.kv_indices = idx;
+    pb.kv_len = len;
+    pb.device = DeviceKind::cuda;
+    return static_cast<int>(plan(pb).tiles().size());
+  };
+  EXPECT_LE(tiles_for(1, 32768), sms);          // 248 tokens per SM on 132 SMs
+  EXPECT_LE(tiles_for(16, 4096), sms);          // 496
+  EXPECT_GT(tiles_for(64, 4096), sms);          // 1986: two CTAs per SM
+  EXPECT_GT(tiles_for(1, 131072), sms);         // 993
+  EXPECT_GE(tiles_for(1, 32768), sms * 3 / 4);  // still the whole GPU, not a few long tiles
+}
+
 // A NaN code in the cache reaches every row that sees its token (as in the reference), and
 // only those: the fragment kernels convert codes with the NaN-preserving instruction.
 TEST(CudaDecodeFp16, NanInTheCacheReachesTheRowsThatSeeIt) {
