@@ -70,9 +70,9 @@ struct PlanOptions {
   bool cpu_reference = false;  // CPU: run the float64 reference instead of the fast path
   // CUDA, fp8_e4m3 caches, tiles of <= 16 rows on pages of >= 8 tokens: false (default) computes
   // the scores on fp8 tensor cores straight from the cache bytes, the fastest path; Hopper's fp8
-  // accumulator keeps 13 mantissa bits, so scores carry up to ~1e-4 of their magnitude (output
+  // accumulator keeps 13 mantissa bits, so scores carry ~2e-4 of their magnitude (output
   // ~1e-3 relative at scores ~50; README "Numerics"). true converts K to fp16 first (exact
-  // products, fp32 sums: ~1e-6), about 20% slower where the cache read bounds the time.
+  // products, fp32 sums: ~1e-6), 21-29% slower where the cache read bounds the time.
   bool exact_scores = false;
   // CUDA graphs: device buffers get fixed capacities (max_* below, all > 0), so replan() can
   // rewrite them in place and a captured run() stays valid.
