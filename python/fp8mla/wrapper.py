@@ -107,7 +107,7 @@ class BatchMLAPagedAttentionWrapper:
     Keyword-only fp8mla extras: ``num_pages`` (pool size; default: learned from the cache
         passed to the first run()), ``num_threads`` (CPU backend threads, 0 = all cores),
         ``exact_scores`` (CUDA fp8_e4m3: keep the scores off the fp8 tensor cores, whose
-        accumulator keeps 13 mantissa bits; ~20% slower; README "Numerics").
+        accumulator keeps 13 mantissa bits; 21-29% slower; README "Numerics").
 
     Raises ValueError for an unknown backend.
     """
