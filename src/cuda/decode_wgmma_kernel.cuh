@@ -3,17 +3,22 @@
 // reached 19% of the matmul ceiling there with 8 warps per SM (bench/NOTES.md, v7); this kernel
 // issues Hopper's warpgroup MMA (wgmma), which reads its operands from shared memory without
 // per-thread fragment loads. One CTA (2 warpgroups) per WorkTile, one CTA per SM. Per block:
-//   * fp8_e4m3 (64-token blocks): cp.async copies the raw 576-byte tokens into one staging
-//     buffer, a block ahead; all 256 threads dequantize them (one cvt.rn.f16x2.e4m3x2 per pair,
-//     exact) into an fp16 tile; bf16 (32-token blocks): cp.async copies the tokens straight into
-//     one of three bf16 tiles, two blocks ahead. A tile is nine 128-byte-swizzled panels of 64
-//     dims, the layout wgmma reads both as K (K-major, for S) and as V (N-major, for O);
-//   * S = Q K^T (64 x N, fp32): warpgroup g multiplies k-steps 2 k + g of the 36 (Q in shared
-//     memory: fp16 scaled per row by a power of two for fp8 caches, bf16 as given for bf16
-//     caches), and the two partial sums meet in shared memory; both warpgroups then hold the same
-//     S and run the same online softmax (a warp owns 16 whole rows: no cross-warp reductions);
-//   * O += P V: P stays in registers as wgmma's A operand; warpgroup g owns output dims
-//     [256 g, 256 g + 256) (128 fp32 accumulators per thread).
+//   * fp8_e4m3 (64-token blocks): cp.async copies the raw 576-byte tokens into two staging
+//     buffers, two blocks ahead; each warpgroup dequantizes its 32 tokens (one
+//     cvt.rn.f16x2.e4m3x2 per pair, exact) into an fp16 tile and publishes them with a
+//     warpgroup barrier; bf16 (32-token blocks): cp.async copies the tokens straight into one of
+//     three bf16 tiles, two blocks ahead. A tile is nine 128-byte-swizzled panels of 64 dims, the
+//     layout wgmma reads both as K (K-major, for S) and as V (N-major, for O);
+//   * S = Q K^T, 64 x 32 fp32 per warpgroup (Q in shared memory: fp16 scaled per row by a power
+//     of two for fp8 caches, bf16 as given for bf16 caches). fp8: warpgroup g multiplies all 576
+//     dims for its tokens [32 g, 32 g + 32); warp w of each warpgroup holds rows 16 w .. 16 w + 15,
+//     and the two warps of those rows swap their block maxima and their halves of P (fp16, in the
+//     fp16 tile's rope panel, which only S reads) through a 64-thread barrier, then load all of P
+//     as wgmma A fragments (bench/NOTES.md v23). bf16: warpgroup g multiplies k-steps 2 k + g for
+//     all 32 tokens, the partial sums meet in shared memory, and both warpgroups run the same
+//     softmax (a warp owns 16 whole rows);
+//   * O += P V: warpgroup g owns output dims [256 g, 256 g + 256) (128 fp32 accumulators per
+//     thread).
 // fp8: the rope half of Q is multiplied by kpe_scale / ckv_scale before its fp16 rounding, so one
 // accumulator serves both halves: exact when the two scales are equal (fp8mla's caches, SGLang's
 // pools), otherwise one fp16 rounding (2^-11 relative) of q_pe.
@@ -34,22 +39,37 @@ inline constexpr int kRows = 64;
 inline constexpr int kQPanel = kRows * 128;  // 64 q rows x 64 16-bit dims, swizzled
 
 // Shared-memory plan per cache format. Q (73.7 KB) and a 64-token fp16 tile (73.7 KB) leave room
-// for one fp8 staging buffer; bf16 needs no staging, so three 32-token tiles fit instead and
-// the copies run two blocks ahead of the math.
+// for two fp8 staging buffers; bf16 needs no staging, so three 32-token tiles fit instead.
+// S: fp8 (64-token blocks) splits the tokens between the warpgroups (kSplitTokens); bf16
+// (32-token blocks) splits the k-steps, since 16 tokens a warpgroup would read Q from shared
+// memory twice as often per token (bench/NOTES.md v23: 9% slower).
 template <KvFormat F>
 struct Layout {
   static constexpr bool kBf16 = F == KvFormat::bf16;
+  static constexpr bool kSplitTokens = !kBf16;
   static constexpr int kN = kBf16 ? 32 : 64;  // cache tokens per block
+  static constexpr int kCols = 32;            // S columns per warpgroup (tokens)
+  static_assert(kCols == (kSplitTokens ? kN / 2 : kN), "one m64n32 accumulator of S");
   static constexpr int kTiles = kBf16 ? 3 : 1;
+  static constexpr int kStages = kBf16 ? 0 : 2;  // fp8 staging buffers
   static constexpr int kPanel = kN * 128;
   static constexpr int kTileBytes = 9 * kPanel;
   static constexpr int kPitch = 592;  // fp8 staging row pitch: conflict-free dequantization reads
-  static constexpr int kFlagSlots = kBf16 ? 4 : 2;  // token flags of the blocks in flight
+  static constexpr int kStageBytes = kN * kPitch;
+  static constexpr int kFlagSlots = 4;  // token flags of the blocks in flight
   static constexpr int kQ = 0;
   static constexpr int kTile = kQ + 9 * kQPanel;
   static constexpr int kRaw = kTile + kTiles * kTileBytes;
-  static constexpr int kXch = kRaw + (kBf16 ? 0 : kN * kPitch);  // 64 x kN fp32 partial S
-  static constexpr int kFlags = kXch + kRows * kN * 4;
+  // fp8: P (64 rows x 64 tokens, fp16) in the tile's rope panel, which only S reads: the half
+  // of warpgroup g (its 32 tokens, 64-byte rows, 64-byte swizzle) in the panel rows of its own
+  // tokens, which only its own S reads, so it may write them once its S has completed.
+  static constexpr int kP = kTile + 8 * kPanel;
+  static constexpr int kPHalf = kRows * kCols * 2;
+  static_assert(kPHalf == kCols * 128, "a P half fills its warpgroup's rope-panel rows");
+  // What the warpgroups swap: bf16 the partial S (64 x 32 fp32), fp8 the block's row maxima
+  // ([warpgroup][row]).
+  static constexpr int kSwap = kRaw + kStages * kStageBytes;
+  static constexpr int kFlags = kSwap + (kSplitTokens ? 2 * kRows * 4 : kRows * kN * 4);
   static constexpr int kQInv = kFlags + kFlagSlots * kN;
   static constexpr int kQAmax = kQInv + kRows * 4;
   static constexpr int kSmemBytes = kQAmax + kRows * 4 + 1024;  // + slack to align to 1 KB
@@ -104,13 +124,14 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const WorkTile& t,
   __syncthreads();
 }
 
-// fp8: the staged block into the fp16 tile: thread t converts token t % 64, dims 16 (t / 64) +
-// 64 i of panel i (conflict-free: 8 consecutive threads read 8 rows 592 bytes apart and write 8
-// different swizzled units).
-__device__ __forceinline__ void dequantize_block(std::uint8_t* smem) {
+// fp8: this warpgroup's 32 tokens of the block staged at `raw` into the fp16 tile (the rows its
+// S reads): thread t of warpgroup g converts token 32 g + t % 32, dims 16 (t / 32) + 64 i of
+// panel i (conflict-free: 8 consecutive threads read 8 rows 592 bytes apart and write 8 different
+// swizzled units).
+__device__ __forceinline__ void dequantize_own_tokens(const std::uint8_t* raw, std::uint8_t* smem) {
   using L = Layout<KvFormat::fp8_e4m3>;
-  const int row = threadIdx.x % L::kN, sub = threadIdx.x / L::kN;
-  const std::uint8_t* src = smem + L::kRaw + row * L::kPitch + 16 * sub;
+  const int row = 32 * (threadIdx.x / 128) + threadIdx.x % 32, sub = threadIdx.x % 128 / 32;
+  const std::uint8_t* src = raw + row * L::kPitch + 16 * sub;
   std::uint8_t* dst = smem + L::kTile;
 #pragma unroll
   for (int i = 0; i < 9; ++i) {
@@ -146,30 +167,29 @@ __device__ __forceinline__ void stage_bf16_block(const DecodeParams& p, const Wo
   entry = decode::token_entry<L::kN, 8>(p, t, q_first, kv_base, blk + 1);
 }
 
-// Partial S of the tile at byte offset `tile`, the warpgroup's 18 k-steps: warpgroup g takes
-// k-steps 2 k + g, whose offsets are (k / 2) panels + 32 (2 (k % 2) + g) bytes, so dq and dk carry
-// the group's 32 g and the rest is a compile-time constant: no branch on the group around a
-// wgmma (ptxas serializes every wgmma of a kernel that has one: C7520).
+// S of the tile at byte offset `tile` into this warpgroup's 64 x 32 accumulator. kSplitTokens:
+// its 32 tokens, 36 k-steps of 16 dims (step k: panel k / 4, byte 32 (k % 4)); otherwise all 32
+// tokens, k-steps 2 k + g of 36 (panel k / 2, byte 64 (k % 2) + 32 g): a partial sum. dq and dk
+// carry the group's offset, so the descriptors differ by a register, not a branch (ptxas
+// serializes every wgmma of a kernel that has a branch around one: C7520).
 template <KvFormat F>
-__device__ __forceinline__ void s_steps(float (&s)[Layout<F>::kN / 2], std::uint64_t dq,
+__device__ __forceinline__ void s_steps(float (&s)[Layout<F>::kCols / 2], std::uint64_t dq,
                                         std::uint64_t dk, std::uint32_t tile) {
   using L = Layout<F>;
+  constexpr int kSteps = L::kSplitTokens ? 36 : 18, kPerPanel = kSteps / 9;
   wgmma_fence();
 #pragma unroll
-  for (int k = 0; k < 18; ++k) {
-    const int d = 64 * (k % 2);
-    const std::uint64_t a = desc_add(dq, (k / 2) * kQPanel + d);
-    const std::uint64_t b = desc_add(dk, tile + (k / 2) * L::kPanel + d);
-    if constexpr (L::kBf16) {
-      wgmma_64x32x16_ss<true>(s, a, b, k > 0);
-    } else {
-      wgmma_64x64x16_ss<0, false>(s, a, b, k > 0);
-    }
+  for (int k = 0; k < kSteps; ++k) {
+    const int d = 128 / kPerPanel * (k % kPerPanel);
+    const std::uint64_t a = desc_add(dq, (k / kPerPanel) * kQPanel + d);
+    const std::uint64_t b = desc_add(dk, tile + (k / kPerPanel) * L::kPanel + d);
+    wgmma_64x32x16_ss<L::kBf16>(s, a, b, k > 0);
   }
   wgmma_commit();
 }
 
-// The S exchange: float4 i of this thread's slots (xch[128 i]) holds s[4 i .. 4 i + 3].
+// bf16's partial-S exchange: float4 i of this thread's slots (xch[128 i]) holds s[4 i .. 4 i + 3];
+// warpgroup 0 puts, warpgroup 1 adds and puts the sum back, warpgroup 0 gets it.
 template <int kS>
 __device__ __forceinline__ void put_scores(const float (&s)[kS], float4* xch) {
 #pragma unroll
@@ -184,7 +204,6 @@ __device__ __forceinline__ void get_scores(float (&s)[kS], const float4* xch) {
     s[4 * i] = v.x, s[4 * i + 1] = v.y, s[4 * i + 2] = v.z, s[4 * i + 3] = v.w;
   }
 }
-// s += the slots, and the sum written back.
 template <int kS>
 __device__ __forceinline__ void add_scores(float (&s)[kS], float4* xch) {
 #pragma unroll
@@ -208,6 +227,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1) mla_decode_wgmma_kernel(const
   using namespace wg;
   using L = Layout<F>;
   constexpr int kN = L::kN;
+  constexpr int kCols = L::kCols;
   DeviceTile tile;
   if (!decode::load_tile(p, tile)) return;
   pdl_launch_dependents();
@@ -229,21 +249,29 @@ __global__ void __launch_bounds__(wg::kThreads, 1) mla_decode_wgmma_kernel(const
 
   const std::int32_t kv_base = tile.kv_base;
   std::uint8_t* flags = smem + L::kFlags;
-  std::int64_t slot = -1;
-  // fp8: this thread's token of the block in flight is present (all present: no flag reads).
-  bool staged_valid = false;
+  // fp8: this thread's token of the blocks staged next and after next is present (all present:
+  // no flag reads).
+  bool valid_next = false, valid_after = false;
   std::int32_t next_entry = 0;  // page-table entry of the next block to stage (token_entry)
+  // fp8: block b's copies into staging buffer b % 2 (4 threads a token), one commit group.
+  auto stage_fp8_block = [&](int b) {
+    const std::int64_t slot = decode::entry_slot(p, t, b, next_entry);
+    decode::copy_fp8_token(
+        p, slot, smem + L::kRaw + (b % 2) * L::kStageBytes + (threadIdx.x / 4) * L::kPitch,
+        flags + (b % L::kFlagSlots) * kN + threadIdx.x / 4);
+    next_entry = decode::token_entry(p, t, q_first, kv_base, b + 1);
+    return slot >= 0;
+  };
   if constexpr (L::kBf16) {
     next_entry = decode::token_entry<kN, 8>(p, t, q_first, kv_base, 0);
     stage_bf16_block(p, t, q_first, kv_base, 0, next_entry, smem);
     stage_bf16_block(p, t, q_first, kv_base, 1, next_entry, smem);
   } else {
-    slot = decode::entry_slot(p, t, 0, decode::token_entry(p, t, q_first, kv_base, 0));
-    staged_valid = slot >= 0;
-    decode::copy_fp8_token(p, slot, smem + L::kRaw + (threadIdx.x / 4) * L::kPitch,
-                           flags + threadIdx.x / 4);
+    next_entry = decode::token_entry(p, t, q_first, kv_base, 0);
+    valid_next = stage_fp8_block(0);
     cp_async_commit();
-    next_entry = decode::token_entry(p, t, q_first, kv_base, 1);
+    valid_after = stage_fp8_block(1);  // past the tile: zero-filled, nothing read
+    cp_async_commit();
   }
 
   const float ratio = p.scale_pe / p.scale_nope;
@@ -269,14 +297,22 @@ __global__ void __launch_bounds__(wg::kThreads, 1) mla_decode_wgmma_kernel(const
     for (int r = 0; r < 32; ++r) o[c][r] = 0.0f;
 
   const std::uint8_t* tiles = smem + L::kTile;
-  const std::uint64_t dq = wgmma_desc(smem + L::kQ + 32 * group, 16, 1024);
-  const std::uint64_t dk = wgmma_desc(tiles + 32 * group, 16, 1024);
+  // S's descriptors carry the group's first token row (kSplitTokens) or first k-step.
+  const std::uint64_t dq = wgmma_desc(smem + L::kQ + (L::kSplitTokens ? 0 : 32 * group), 16, 1024);
+  const std::uint64_t dk =
+      wgmma_desc(tiles + (L::kSplitTokens ? kCols * 128 : 32) * group, 16, 1024);
   const std::uint64_t dv = wgmma_desc(tiles + 4 * group * L::kPanel, L::kPanel, 1024);
-  float4* xch = reinterpret_cast<float4*>(smem + L::kXch) + threadIdx.x % 128;
+  float* block_max = reinterpret_cast<float*>(smem + L::kSwap);  // fp8: [warpgroup][row]
+  float4* xch = reinterpret_cast<float4*>(smem + L::kSwap) + threadIdx.x % 128;  // bf16
+  // fp8: P's (row, token) (tokens in pairs or eights: 4 or 16 bytes).
+  auto p_addr = [&](int row, int tok) {
+    return smem + L::kP + L::kPHalf * (tok / kCols) + sw64(row, 2 * (tok % kCols));
+  };
+  const int own0 = L::kSplitTokens ? kCols * group : 0;  // the group's first token of S
 
   for (int blk = 0; blk < n_blocks; ++blk) {
     bool all_present;
-    float s[kN / 2];
+    float s[kCols / 2];
     // Tile offset of this block, broadcast so the descriptors stay uniform.
     const auto tile =
         static_cast<std::uint32_t>(__shfl_sync(0xffffffffu, (blk % L::kTiles) * L::kTileBytes, 0));
@@ -295,52 +331,91 @@ __global__ void __launch_bounds__(wg::kThreads, 1) mla_decode_wgmma_kernel(const
       const uint4 f1 = reinterpret_cast<const uint4*>(fl)[1];
       all_present = (f0.x & f0.y & f0.z & f0.w & f1.x & f1.y & f1.z & f1.w) == 0x01010101u;
     } else {
-      cp_async_wait<0>();
-      // Block blk staged; every wgmma of block blk - 1 has completed.
-      all_present = __syncthreads_and(staged_valid);
-      dequantize_block(smem);
+      cp_async_wait<1>();  // one group per block: block blk landed, blk + 1 may be in flight
+      // Block blk staged for all; every wgmma of block blk - 1 has completed.
+      all_present = __syncthreads_and(valid_next);
+      // Each warpgroup converts the tokens its S reads, so a warpgroup barrier publishes them
+      // (a CTA barrier here measured 4% slower, v23). Its rows of staging buffer blk % 2 are then
+      // free: it alone reads and refills them (thread t copies token t / 4).
+      dequantize_own_tokens(smem + L::kRaw + (blk % 2) * L::kStageBytes, smem);
       fence_proxy_async();
-      __syncthreads();  // the tile is ready, the staging buffer free
+      named_barrier_sync(1 + group, 128);
       s_steps<F>(s, dq, dk, 0);
-      // The next block's copies are issued while the tensor cores run S.
-      if (blk + 1 < n_blocks) {
-        slot = decode::entry_slot(p, t, blk + 1, next_entry);
-        staged_valid = slot >= 0;
-        decode::copy_fp8_token(p, slot, smem + L::kRaw + (threadIdx.x / 4) * L::kPitch,
-                               flags + ((blk + 1) % 2) * kN + threadIdx.x / 4);
-        next_entry = decode::token_entry(p, t, q_first, kv_base, blk + 2);
-      }
+      // Block blk + 2's copies are issued while the tensor cores run S.
+      valid_next = valid_after;
+      if (blk + 2 < n_blocks) valid_after = stage_fp8_block(blk + 2);
       cp_async_commit();
     }
     wgmma_wait<0>();
     wgmma_fence_operand(s);
-    // The partial sums meet: warpgroup 1 adds warpgroup 0's and hands the total back, so both
-    // hold bit-identical scores. Whole-CTA barriers: racecheck reported hazards on a
-    // bar.arrive / bar.sync hand-off (bench/NOTES.md, v9), and these cost little here.
-    if (group == 0) put_scores(s, xch);
-    __syncthreads();
-    if (group == 1) add_scores(s, xch);
-    __syncthreads();
-    if (group == 0) get_scores(s, xch);
+    if constexpr (!L::kSplitTokens) {
+      // The partial sums meet, and both warpgroups hold bit-identical scores. Whole-CTA
+      // barriers: racecheck reported hazards on a bar.arrive / bar.sync hand-off (v9).
+      if (group == 0) put_scores(s, xch);
+      __syncthreads();
+      if (group == 1) add_scores(s, xch);
+      __syncthreads();
+      if (group == 0) get_scores(s, xch);
+    }
 
     // ---- masks and online softmax (fragment: s[r] is row 16 warp + g + 8 ((r / 2) % 2), token
-    // 8 (r / 4) + 2 tq + r % 2); the max is taken on unscaled scores ----
+    // own0 + 8 (r / 4) + 2 tq + r % 2); the max is taken on unscaled scores ----
     const int j0 = t.kv_begin + blk * kN;
     if (!__all_sync(0xffffffffu, all_present && j0 + kN - 1 <= limit_min)) {
 #pragma unroll
-      for (int r = 0; r < kN / 2; ++r) {
-        const int h = (r / 2) % 2, tok = 8 * (r / 4) + 2 * tq + r % 2;
+      for (int r = 0; r < kCols / 2; ++r) {
+        const int h = (r / 2) % 2, tok = own0 + 8 * (r / 4) + 2 * tq + r % 2;
         if (fl[tok] == 0 || j0 + tok > limit[h]) s[r] = -INFINITY;
       }
     }
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int r = 0; r < kN / 2; ++r) mx[(r / 2) % 2] = fmaxf(mx[(r / 2) % 2], s[r]);
-    float alpha[2], base[2];
+    for (int r = 0; r < kCols / 2; ++r) mx[(r / 2) % 2] = fmaxf(mx[(r / 2) % 2], s[r]);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+      if (L::kSplitTokens && tq == 0) block_max[kRows * group + 16 * warp + g + 8 * h] = mx[h];
+    }
+    // P (fp16 or bf16, the tile's type) as wgmma A fragments: k-step kk holds tokens
+    // 16 kk + [0, 16), pa[kk][j] rows g + 8 (j % 2), tokens + 8 (j / 2) (mma.sync's A layout).
+    // A rounded product, never fused with the subtraction: the row max m is the rounded product
+    // of the max score, so the max gives 2^0 exactly (an FMA would expose the product's rounding
+    // error, 2^52 in absolute terms for a row scaled by 2^60).
+    float base[2];
+    auto set_base = [&] {
+#pragma unroll
+      for (int h = 0; h < 2; ++h)  // rows with nothing visible yet: 0
+        base[h] = row_max[h] == -INFINITY ? 0.0f : row_max[h];
+    };
+    auto p_pair = [&](int r, int h) {
+      const float p0 = fast_exp2(__fmul_rn(s[r], sc[h]) - base[h]);
+      const float p1 = fast_exp2(__fmul_rn(s[r + 1], sc[h]) - base[h]);
+      return L::kBf16 ? float2_to_bf16x2(p0, p1) : float2_to_half2(p0, p1);
+    };
+    // fp8: this warpgroup's 32 tokens of P into the P tile. Warp w of each warpgroup holds rows
+    // 16 w .. 16 w + 15, so the two warps of those rows swap their maxima and P halves through a
+    // 64-thread barrier (named barrier 3 + w). P is written at the running max before the swap:
+    // both warps then see the same maxima and make the same choice, and only when a row's max
+    // moves (by more than kMaxSlack: the first blocks) do both rewrite their halves.
+    auto put_p_half = [&] {
+      set_base();
+#pragma unroll
+      for (int r = 0; r < kCols / 2; r += 2) {
+        const int h = (r / 2) % 2, tok = own0 + 8 * (r / 4) + 2 * tq;
+        *reinterpret_cast<std::uint32_t*>(p_addr(16 * warp + g + 8 * h, tok)) = p_pair(r, h);
+      }
+      named_barrier_sync(3 + warp, 64);
+    };
+    if constexpr (L::kSplitTokens) {
+      put_p_half();
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        mx[h] = fmaxf(mx[h], block_max[kRows * (1 - group) + 16 * warp + g + 8 * h]);
+    }
+    float alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
       const float m = __fmul_rn(mx[h], sc[h]);  // sc > 0: the max of the scaled scores
       alpha[h] = 1.0f;
       if (m > row_max[h] + kMaxSlack) {
@@ -348,25 +423,24 @@ __global__ void __launch_bounds__(wg::kThreads, 1) mla_decode_wgmma_kernel(const
         row_max[h] = m;
         row_sum[h] *= alpha[h];
       }
-      base[h] = row_max[h] == -INFINITY ? 0.0f : row_max[h];  // rows with nothing visible yet
     }
-    // P (fp16 or bf16, the tile's type) as wgmma A fragments: k-step kk holds tokens
-    // 16 kk + [0, 16).
+    const bool moved = __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f);
     std::uint32_t pa[kN / 16][4];
+    if constexpr (L::kSplitTokens) {
+      if (moved) put_p_half();
+        // ldmatrix matrix i: rows + 8 (i % 2), tokens + 8 (i / 2).
 #pragma unroll
-    for (int kk = 0; kk < kN / 16; ++kk)
+      for (int kk = 0; kk < kN / 16; ++kk)
+        ldmatrix_x4(pa[kk], p_addr(16 * warp + lane % 16, 16 * kk + 8 * (lane / 16)));
+    } else {
+      set_base();
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int r = 8 * kk + 2 * j, h = j % 2;  // j: (row g, n-tile 2kk), (g+8, 2kk), ...
-        // A rounded product, never fused with the subtraction: the row max m is the rounded
-        // product of the max score, so the max gives 2^0 exactly (an FMA would expose the
-        // product's rounding error, 2^52 in absolute terms for a row scaled by 2^60).
-        const float p0 = fast_exp2(__fmul_rn(s[r], sc[h]) - base[h]);
-        const float p1 = fast_exp2(__fmul_rn(s[r + 1], sc[h]) - base[h]);
-        pa[kk][j] = L::kBf16 ? float2_to_bf16x2(p0, p1) : float2_to_half2(p0, p1);
-      }
+      for (int kk = 0; kk < kN / 16; ++kk)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) pa[kk][j] = p_pair(8 * kk + 2 * j, j % 2);
+    }
     // Rescale only when a row of the warp moved its max (kMaxSlack).
-    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+    if (moved) {
 #pragma unroll
       for (int c = 0; c < 4; ++c)
 #pragma unroll

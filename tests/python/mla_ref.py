@@ -247,6 +247,10 @@ LSE_RTOL, LSE_ATOL = 2e-5, 2e-4
 # test the integration; the kernels' own accuracy is judged by tests/cuda.
 GPU_OUT_RTOL, GPU_OUT_ATOL_PER_V = 2e-2, 6e-3
 GPU_LSE_RTOL, GPU_LSE_ATOL = 1e-4, 4e-3
+# fp8_e4m3 scores on fp8 tensor cores (<= 16 rows, pages >= 8, exact_scores off): Hopper's fp8
+# accumulator keeps 13 mantissa bits, so the lse carries ~2e-4 of its magnitude (measured
+# 1.9-2.2e-4, and 1.9e-4 at lse ~195 in test_exact_scores_option); tests/cuda bounds it at 6e-4.
+GPU_FP8_SCORES_LSE_RTOL = 6e-4
 
 
 def tolerances(device, pool):
@@ -258,9 +262,11 @@ def tolerances(device, pool):
     return OUT_RTOL, OUT_ATOL, LSE_RTOL, LSE_ATOL
 
 
-def check_attention(out_bits, lse, ref_o, ref_lse, what, device="cpu", pool=None):
-    """Output (bf16 bits) and LSE against the reference, with ``device``'s tolerances."""
-    out_rtol, out_atol, lse_rtol, lse_atol = tolerances(device, pool)
+def check_attention(out_bits, lse, ref_o, ref_lse, what, device="cpu", pool=None, lse_rtol=None):
+    """Output (bf16 bits) and LSE against the reference, with ``device``'s tolerances (lse_rtol:
+    a looser relative lse bound for a path documented as less precise)."""
+    out_rtol, out_atol, dev_lse_rtol, lse_atol = tolerances(device, pool)
+    lse_rtol = dev_lse_rtol if lse_rtol is None else lse_rtol
     assert_close(bf16_to_f64(out_bits), ref_o, out_rtol, out_atol, f"{what} out")
     if lse is not None:
         assert_close(lse, ref_lse, lse_rtol, lse_atol, f"{what} lse")

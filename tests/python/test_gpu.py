@@ -190,10 +190,11 @@ def test_cuda_graph_capture_replan_replay(rng, fmt, page_size, qo_len):
 
 @pytest.mark.parametrize("exact", [False, True])
 def test_exact_scores_option(rng, exact):
-    """fp8_e4m3 on pages of 64 with scores up to ~50 (sm_scale 0.4): the default path computes
-    the scores on fp8 tensor cores (13-bit accumulator) and meets the GPU tolerances;
-    exact_scores=True keeps them off (fp16 products, fp32 sums) and its lse meets the CPU
-    backend's tolerance too."""
+    """fp8_e4m3 on pages of 64 with large scores (sm_scale 0.4; lse 30-200 in log2 units, by
+    seed): the default path computes the scores on fp8 tensor cores (13-bit accumulator) and
+    meets the GPU output tolerance and its documented lse accuracy (~2e-4 relative, bounded at
+    6e-4 as in tests/cuda); exact_scores=True keeps them off (fp16 products, fp32 sums) and its
+    lse meets the CPU backend's tolerance too."""
     b = ref.Batch(rng, [1500, 700, 1100], [1, 1, 1], 64)
     data, pool = ref.make_pool(rng, "fp8_e4m3", b.num_pages, 64)
     q_bits, q = ref.random_q(rng, b.total_q, 16)
@@ -206,6 +207,7 @@ def test_exact_scores_option(rng, exact):
                            np.float32(0.4))
     lse = lse.cpu().numpy()
     assert float(np.max(rl)) * ref.LOG2E > 30.0  # the case does reach large scores
-    ref.check_attention(cases.bits(o), lse, ro, rl * ref.LOG2E, "gpu", DEVICE, pool)
+    ref.check_attention(cases.bits(o), lse, ro, rl * ref.LOG2E, "gpu", DEVICE, pool,
+                        lse_rtol=None if exact else ref.GPU_FP8_SCORES_LSE_RTOL)
     if exact:
         ref.assert_close(lse, rl * ref.LOG2E, ref.LSE_RTOL, ref.LSE_ATOL, "exact_scores lse")
