@@ -11,12 +11,12 @@
 //     layout wgmma reads both as K (K-major, for S) and as V (N-major, for O);
 //   * S = Q K^T, 64 x 32 fp32 per warpgroup (Q in shared memory: fp16 scaled per row by a power
 //     of two for fp8 caches, bf16 as given for bf16 caches). fp8: warpgroup g multiplies all 576
-//     dims for its tokens [32 g, 32 g + 32); warp w of each warpgroup holds rows 16 w .. 16 w + 15,
-//     and the two warps of those rows swap their block maxima and their halves of P (fp16, in the
-//     fp16 tile's rope panel, which only S reads) through a 64-thread barrier, then load all of P
-//     as wgmma A fragments (bench/NOTES.md v23). bf16: warpgroup g multiplies k-steps 2 k + g for
-//     all 32 tokens, the partial sums meet in shared memory, and both warpgroups run the same
-//     softmax (a warp owns 16 whole rows);
+//     dims for its tokens [32 g, 32 g + 32), turns them into P at its own base and multiplies
+//     them into O at once; warp w of each warpgroup holds rows 16 w .. 16 w + 15, and the two
+//     warps of those rows swap their bases and P halves (fp16, in the fp16 tile's rope panel,
+//     which only S reads) through a 64-thread barrier, then add the partner's half at the common
+//     base (bench/NOTES.md v23). bf16: warpgroup g multiplies k-steps 2 k + g for all 32 tokens,
+//     the partial sums meet in shared memory, and both warpgroups run the same softmax;
 //   * O += P V: warpgroup g owns output dims [256 g, 256 g + 256) (128 fp32 accumulators per
 //     thread).
 // fp8: the rope half of Q is multiplied by kpe_scale / ckv_scale before its fp16 rounding, so one
@@ -375,96 +375,137 @@ __global__ void __launch_bounds__(wg::kThreads, 1) mla_decode_wgmma_kernel(const
     for (int h = 0; h < 2; ++h) {
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-      if (L::kSplitTokens && tq == 0) block_max[kRows * group + 16 * warp + g + 8 * h] = mx[h];
     }
-    // P (fp16 or bf16, the tile's type) as wgmma A fragments: k-step kk holds tokens
-    // 16 kk + [0, 16), pa[kk][j] rows g + 8 (j % 2), tokens + 8 (j / 2) (mma.sync's A layout).
-    // A rounded product, never fused with the subtraction: the row max m is the rounded product
-    // of the max score, so the max gives 2^0 exactly (an FMA would expose the product's rounding
-    // error, 2^52 in absolute terms for a row scaled by 2^60).
-    float base[2];
-    auto set_base = [&] {
-#pragma unroll
-      for (int h = 0; h < 2; ++h)  // rows with nothing visible yet: 0
-        base[h] = row_max[h] == -INFINITY ? 0.0f : row_max[h];
-    };
-    auto p_pair = [&](int r, int h) {
-      const float p0 = fast_exp2(__fmul_rn(s[r], sc[h]) - base[h]);
-      const float p1 = fast_exp2(__fmul_rn(s[r + 1], sc[h]) - base[h]);
-      return L::kBf16 ? float2_to_bf16x2(p0, p1) : float2_to_half2(p0, p1);
-    };
-    // fp8: this warpgroup's 32 tokens of P into the P tile. Warp w of each warpgroup holds rows
-    // 16 w .. 16 w + 15, so the two warps of those rows swap their maxima and P halves through a
-    // 64-thread barrier (named barrier 3 + w). P is written at the running max before the swap:
-    // both warps then see the same maxima and make the same choice, and only when a row's max
-    // moves (by more than kMaxSlack: the first blocks) do both rewrite their halves.
-    auto put_p_half = [&] {
-      set_base();
-#pragma unroll
-      for (int r = 0; r < kCols / 2; r += 2) {
-        const int h = (r / 2) % 2, tok = own0 + 8 * (r / 4) + 2 * tq;
-        *reinterpret_cast<std::uint32_t*>(p_addr(16 * warp + g + 8 * h, tok)) = p_pair(r, h);
-      }
-      named_barrier_sync(3 + warp, 64);
-    };
-    if constexpr (L::kSplitTokens) {
-      put_p_half();
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        mx[h] = fmaxf(mx[h], block_max[kRows * (1 - group) + 16 * warp + g + 8 * h]);
-    }
-    float alpha[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float m = __fmul_rn(mx[h], sc[h]);  // sc > 0: the max of the scaled scores
-      alpha[h] = 1.0f;
-      if (m > row_max[h] + kMaxSlack) {
-        alpha[h] = fast_exp2(row_max[h] - m);  // 0 for the first block a row sees
-        row_max[h] = m;
-        row_sum[h] *= alpha[h];
-      }
-    }
-    const bool moved = __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f);
-    std::uint32_t pa[kN / 16][4];
-    if constexpr (L::kSplitTokens) {
-      if (moved) put_p_half();
-        // ldmatrix matrix i: rows + 8 (i % 2), tokens + 8 (i / 2).
-#pragma unroll
-      for (int kk = 0; kk < kN / 16; ++kk)
-        ldmatrix_x4(pa[kk], p_addr(16 * warp + lane % 16, 16 * kk + 8 * (lane / 16)));
-    } else {
-      set_base();
-#pragma unroll
-      for (int kk = 0; kk < kN / 16; ++kk)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) pa[kk][j] = p_pair(8 * kk + 2 * j, j % 2);
-    }
-    // Rescale only when a row of the warp moved its max (kMaxSlack).
-    if (moved) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c)
-#pragma unroll
-        for (int r = 0; r < 32; ++r) o[c][r] *= alpha[(r / 2) % 2];
-    }
-
-    // ---- O += P V: this warpgroup's 4 panels of 64 dims, kN / 16 k-steps of 16 tokens ----
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kN / 16; ++kk)
-#pragma unroll
-      for (int c = 0; c < 4; ++c)
-        wgmma_64x64x16_rs<1, L::kBf16>(o[c], pa[kk], desc_add(dv, tile + c * L::kPanel + kk * 2048),
-                                       1);
-    wgmma_commit();
-    // Row sums while the tensor cores work: what they multiply (the rounded p), so o / l is exact.
-#pragma unroll
-    for (int kk = 0; kk < kN / 16; ++kk)
+    // P (fp16 or bf16, the tile's type) = 2^(s sc - pbase) as wgmma A fragments, which are the
+    // S accumulator's layout: k-step kk holds tokens 16 kk + [0, 16), pa[j] rows g + 8 (j % 2),
+    // tokens + 2 tq + 8 (j / 2). A rounded product, never fused with the subtraction: the row max
+    // is the rounded product of the max score, so the max gives 2^0 exactly (an FMA would expose
+    // the product's rounding error, 2^52 in absolute terms for a row scaled by 2^60).
+    float pbase[2];
+    auto p_frags = [&](std::uint32_t(&pa)[4], int kk) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const float2 f = L::kBf16 ? bf16x2_to_float2(pa[kk][j])
-                                  : __half22float2(*reinterpret_cast<const __half2*>(&pa[kk][j]));
+        const int r = 8 * kk + 2 * j, h = j % 2;
+        const float p0 = fast_exp2(__fmul_rn(s[r], sc[h]) - pbase[h]);
+        const float p1 = fast_exp2(__fmul_rn(s[r + 1], sc[h]) - pbase[h]);
+        pa[j] = L::kBf16 ? float2_to_bf16x2(p0, p1) : float2_to_half2(p0, p1);
+      }
+    };
+    // O += P V over the block's k-step kk (this warpgroup's 4 panels of 64 dims).
+    auto pv = [&](const std::uint32_t(&pa)[4], int kk) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        wgmma_64x64x16_rs<1, L::kBf16>(o[c], pa, desc_add(dv, tile + c * L::kPanel + kk * 2048), 1);
+    };
+    // Row sums of what the tensor cores multiply (the rounded p), so o / l is exact.
+    auto add_sums = [&](const std::uint32_t(&pa)[4]) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = L::kBf16 ? bf16x2_to_float2(pa[j])
+                                  : __half22float2(*reinterpret_cast<const __half2*>(&pa[j]));
         row_sum[j % 2] += f.x + f.y;
       }
+    };
+    // O and the row sums times f (per row); only when a row of the warp has f != 1.
+    auto rescale = [&](const float(&f)[2]) {
+      if (__any_sync(0xffffffffu, f[0] != 1.0f || f[1] != 1.0f)) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+#pragma unroll
+          for (int r = 0; r < 32; ++r) o[c][r] *= f[(r / 2) % 2];
+        row_sum[0] *= f[0], row_sum[1] *= f[1];
+      }
+    };
+    // A row's base moves to a block's max m only when m exceeds it by more than kMaxSlack; p is
+    // then at most 2^8. f: the factor from the old base to the new (0 when a row first sees a
+    // token); rows with nothing visible yet keep base -inf and take p's offset 0.
+    auto new_base = [](float old, float m) { return m > old + kMaxSlack ? m : old; };
+    auto factor = [](float from, float to) { return from == to ? 1.0f : fast_exp2(from - to); };
+    if constexpr (L::kSplitTokens) {
+      // fp8: this warpgroup's 32 tokens at its own base (the running max, or its block max
+      // where that moves the row), multiplied into O at once. Warp w of each warpgroup holds
+      // rows 16 w .. 16 w + 15: the two warps of those rows then swap bases and P halves through
+      // a 64-thread barrier (named barrier 3 + w) and bring O and the partner's half to the
+      // larger base; both see the same pair of bases, so the running max stays identical.
+      float base[2], f[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        base[h] = new_base(row_max[h], __fmul_rn(mx[h], sc[h]));  // sc > 0
+        f[h] = factor(row_max[h], base[h]);
+        pbase[h] = base[h] == -INFINITY ? 0.0f : base[h];
+        if (tq == 0) block_max[kRows * group + 16 * warp + g + 8 * h] = base[h];
+      }
+      rescale(f);
+      std::uint32_t own[2][4];
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) {
+        p_frags(own[kk], kk);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          *reinterpret_cast<std::uint32_t*>(p_addr(
+              16 * warp + g + 8 * (j % 2), own0 + 16 * kk + 2 * tq + 8 * (j / 2))) = own[kk][j];
+      }
+      wgmma_fence();
+      pv(own[0], 2 * group);
+      pv(own[1], 2 * group + 1);
+      wgmma_commit();
+      add_sums(own[0]);
+      add_sums(own[1]);
+      named_barrier_sync(3 + warp, 64);  // the partner's base and half of P
+      float fo[2], fp[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float other = block_max[kRows * (1 - group) + 16 * warp + g + 8 * h];
+        row_max[h] = fmaxf(base[h], other);
+        fo[h] = factor(base[h], row_max[h]);
+        fp[h] = factor(other, row_max[h]);
+      }
+      // The partner's half (ldmatrix matrix i: rows + 8 (i % 2), tokens + 8 (i / 2)).
+      std::uint32_t part[2][4];
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk)
+        ldmatrix_x4(part[kk],
+                    p_addr(16 * warp + lane % 16, kCols * (1 - group) + 16 * kk + 8 * (lane / 16)));
+      if (__any_sync(0xffffffffu, fp[0] != 1.0f || fp[1] != 1.0f)) {
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&part[kk][j]));
+            part[kk][j] = float2_to_half2(v.x * fp[j % 2], v.y * fp[j % 2]);
+          }
+      }
+      wgmma_wait<0>();  // own half done: O may be rescaled
+#pragma unroll
+      for (int c = 0; c < 4; ++c) wgmma_fence_operand(o[c]);
+      rescale(fo);
+      wgmma_fence();
+      pv(part[0], 2 * (1 - group));
+      pv(part[1], 2 * (1 - group) + 1);
+      wgmma_commit();
+      add_sums(part[0]);
+      add_sums(part[1]);
+    } else {
+      // bf16: both warpgroups hold all 32 scores of the block.
+      float f[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float b = new_base(row_max[h], __fmul_rn(mx[h], sc[h]));
+        f[h] = factor(row_max[h], b);
+        row_max[h] = b;
+        pbase[h] = b == -INFINITY ? 0.0f : b;
+      }
+      std::uint32_t pa[kN / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < kN / 16; ++kk) p_frags(pa[kk], kk);
+      rescale(f);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kN / 16; ++kk) pv(pa[kk], kk);
+      wgmma_commit();
+#pragma unroll
+      for (int kk = 0; kk < kN / 16; ++kk) add_sums(pa[kk]);
+    }
     wgmma_wait<0>();
 #pragma unroll
     for (int c = 0; c < 4; ++c) wgmma_fence_operand(o[c]);
