@@ -264,6 +264,21 @@ NB_MODULE(_fp8mla, m) {
       });
 
   m.def(
+      "plan_defaults",
+      [] {
+        const fp8mla::PlanOptions o;
+        nb::dict d;
+        d["sm_count"] = o.sm_count;
+        d["ctas_per_sm"] = o.ctas_per_sm;
+        d["min_chunk_tokens"] = o.min_chunk_tokens;
+        d["num_threads"] = o.num_threads;
+        d["cpu_reference"] = o.cpu_reference;
+        d["exact_scores"] = o.exact_scores;
+        return d;
+      },
+      "fp8mla::PlanOptions' defaults for the options the Python layer passes: {name: value}");
+
+  m.def(
       "plan",
       [](nb::handle qo_indptr, nb::handle kv_indptr, nb::handle kv_indices, nb::handle kv_len,
          int num_heads, int page_size, std::int64_t num_pages, KvFormat kv_format, bool causal,

@@ -269,13 +269,15 @@ class BatchMLAPagedAttentionWrapper:
             max_batch = self._max_batch or p["batch"]
             max_total_q = self._max_total_q or max(p["total_q"], max_batch)
             max_kv = self._max_kv_indices or max(length(p["kvi"]), 1)
-            # PlanOptions' defaults (the device's SM count, the kernel's residency, 64-token
+            # PlanOptions' own defaults (the device's SM count, the kernel's residency, 64-token
             # chunks): the split the C++ planner is tuned and benchmarked with (bench/NOTES.md
             # v22; the fixed 2 CTAs per SM and 256-token chunks used here before cost e.g.
             # 1/8/4096 12.7 instead of 9.0 us on the H200).
+            d = _ext.plan_defaults()
             self._plan = _ext.plan(
                 *args,
-                0, 0, 64, self._num_threads, self._cpu_reference, graph,
+                d["sm_count"], d["ctas_per_sm"], d["min_chunk_tokens"], self._num_threads,
+                self._cpu_reference, graph,
                 int(max_batch) if graph else 0,
                 int(max_total_q) if graph else 0,
                 int(max_kv) if graph else 0,

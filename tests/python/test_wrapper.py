@@ -6,6 +6,7 @@ both q_data_type and kv_data_type), then run() once per layer with q split into 
 and the layer's k_buffer [tokens, 1, 576] passed as two strided views.
 """
 
+import inspect
 import math
 
 import numpy as np
@@ -257,3 +258,18 @@ def test_exact_scores_changes_nothing_on_the_cpu(rng):
     p = fp8mla.plan(b.qo_indptr, b.kv_indptr, b.kv_indices, b.kv_len, num_heads=8, page_size=64,
                     num_pages=b.num_pages, sm_scale=0.3, exact_scores=True)
     assert p.batch == 2 and len(p.tiles) >= 2
+
+
+def test_python_defaults_are_the_cpp_plan_options():
+    """fp8mla.plan's keyword defaults and the wrapper's are fp8mla::PlanOptions' own (read from
+    the extension), so the Python layer plans what the C++ planner is tuned and benchmarked
+    with (bench/NOTES.md v22: a stale copy here once cost 1/8/4096 3.7 us on the H200)."""
+    cpp = fp8mla._fp8mla.plan_defaults()
+    assert set(cpp) == {"sm_count", "ctas_per_sm", "min_chunk_tokens", "num_threads",
+                        "cpu_reference", "exact_scores"}
+    plan_params = inspect.signature(fp8mla.plan).parameters
+    for name, value in cpp.items():
+        assert plan_params[name].default == value, f"fp8mla.plan {name}"
+    wrapper_params = inspect.signature(fp8mla.BatchMLAPagedAttentionWrapper).parameters
+    for name in ("num_threads", "exact_scores"):
+        assert wrapper_params[name].default == cpp[name], f"wrapper {name}"
