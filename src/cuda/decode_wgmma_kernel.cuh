@@ -270,7 +270,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1) mla_decode_wgmma_kernel(const
     next_entry = decode::token_entry(p, t, q_first, kv_base, 0);
     valid_next = stage_fp8_block(0);
     cp_async_commit();
-    valid_after = stage_fp8_block(1);  // past the tile: zero-filled, nothing read
+    valid_after = stage_fp8_block(1);  // a one-block tile: zero-filled, nothing read
     cp_async_commit();
   }
 
