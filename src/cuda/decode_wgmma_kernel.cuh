@@ -66,8 +66,8 @@ struct Layout {
   static constexpr int kP = kTile + 8 * kPanel;
   static constexpr int kPHalf = kRows * kCols * 2;
   static_assert(kPHalf == kCols * 128, "a P half fills its warpgroup's rope-panel rows");
-  // What the warpgroups swap: bf16 the partial S (64 x 32 fp32), fp8 the block's row maxima
-  // ([warpgroup][row]).
+  // What the warpgroups swap: bf16 the partial S (64 x 32 fp32), fp8 each warpgroup's base for
+  // P per row ([warpgroup][row]: the running max, or its block max where that moves the row).
   static constexpr int kSwap = kRaw + kStages * kStageBytes;
   static constexpr int kFlags = kSwap + (kSplitTokens ? 2 * kRows * 4 : kRows * kN * 4);
   static constexpr int kQInv = kFlags + kFlagSlots * kN;
@@ -302,7 +302,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1) mla_decode_wgmma_kernel(const
   const std::uint64_t dk =
       wgmma_desc(tiles + (L::kSplitTokens ? kCols * 128 : 32) * group, 16, 1024);
   const std::uint64_t dv = wgmma_desc(tiles + 4 * group * L::kPanel, L::kPanel, 1024);
-  float* block_max = reinterpret_cast<float*>(smem + L::kSwap);  // fp8: [warpgroup][row]
+  float* row_base = reinterpret_cast<float*>(smem + L::kSwap);  // fp8: [warpgroup][row]
   float4* xch = reinterpret_cast<float4*>(smem + L::kSwap) + threadIdx.x % 128;  // bf16
   // fp8: P's (row, token) (tokens in pairs or eights: 4 or 16 bytes).
   auto p_addr = [&](int row, int tok) {
@@ -433,7 +433,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1) mla_decode_wgmma_kernel(const
         base[h] = new_base(row_max[h], __fmul_rn(mx[h], sc[h]));  // sc > 0
         f[h] = factor(row_max[h], base[h]);
         pbase[h] = base[h] == -INFINITY ? 0.0f : base[h];
-        if (tq == 0) block_max[kRows * group + 16 * warp + g + 8 * h] = base[h];
+        if (tq == 0) row_base[kRows * group + 16 * warp + g + 8 * h] = base[h];
       }
       rescale(f);
       std::uint32_t own[2][4];
@@ -455,7 +455,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1) mla_decode_wgmma_kernel(const
       float fo[2], fp[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float other = block_max[kRows * (1 - group) + 16 * warp + g + 8 * h];
+        const float other = row_base[kRows * (1 - group) + 16 * warp + g + 8 * h];
         row_max[h] = fmaxf(base[h], other);
         fo[h] = factor(base[h], row_max[h]);
         fp[h] = factor(other, row_max[h]);
