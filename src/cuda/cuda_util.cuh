@@ -172,6 +172,14 @@ __device__ __forceinline__ void pdl_wait() {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 }
 
+// The dynamic shared memory aligned up to 1024 bytes (the swizzle atoms' alignment); kernels
+// that use it reserve 1 KB of slack. Offsetting the array (not rounding a cast integer) keeps the
+// pointer visibly in shared memory, so accesses stay LDS / STS.
+__device__ __forceinline__ std::uint8_t* dynamic_smem_1k() {
+  extern __shared__ std::uint8_t dynamic_smem[];
+  return dynamic_smem + ((1024 - smem_addr(dynamic_smem) % 1024) % 1024);
+}
+
 // ---- wgmma (sm_90a warpgroup MMA): 128 threads issue one asynchronous 64 x N x 16 product ----
 // Shared-memory operand descriptor for the 128-byte-swizzled layout: rows of 128 bytes, 16-byte
 // unit u of row r stored at unit u ^ (r % 8), 8-row atoms of 1024 bytes (the base must be

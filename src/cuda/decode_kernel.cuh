@@ -1,7 +1,7 @@
 // The shared-memory-tile MLA decode kernel: one CTA per WorkTile (request, query block, head
 // block, kv range). It runs the bf16 and 656-byte block-format caches; fp8_e4m3 tiles have
 // their own kernels (<= 16 rows: decode_fp8_tma_kernel.cuh on pages of >= 8 tokens,
-// decode_fp8_kernel.cuh otherwise; 17-64 rows: decode_wgmma_kernel.cuh).
+// decode_fp8_kernel.cuh otherwise; 17-64 rows: decode_wgmma_fp8_kernel.cuh).
 //
 // Per block of 64 cache tokens:
 //   1. cp.async the tokens' raw bytes (any format, paged or gathered per token, 16-byte vectors)

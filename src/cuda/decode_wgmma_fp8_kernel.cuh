@@ -1,0 +1,292 @@
+// The fp8_e4m3 decode kernel for tiles of 17-64 rows (128-head models run two 64-row tiles per
+// request), warp-specialized so that the tensor cores work while the ALUs convert. One CTA of
+// two warpgroups per WorkTile, one CTA per SM; 64-token blocks in two fp16 tiles:
+//   * warpgroup 1 loads block b + 2's tokens from global memory into registers (18 x 16 bytes
+//     a thread), converts block b + 1's (one cvt.rn.f16x2.e4m3x2 per pair, exact) into the free
+//     tile, and multiplies O[:, 256:512] += P V with P read from shared memory;
+//   * warpgroup 0 computes S = Q K^T for all 64 tokens (m64n64k16: Q read once per 64 tokens),
+//     the online softmax, writes P (fp16) into the tile's rope panel (dead once S has read it)
+//     and the rows' rescale factors, and multiplies O[:, 0:256] += P V with P in registers.
+// So the conversion of block b + 1 runs while warpgroup 0 computes S of block b. No staging
+// buffers: Q (73.7 KB) and two 64-token fp16 tiles (73.7 KB each) fill shared memory. Three
+// mbarrier pairs hand the tiles over: full (1 -> 0: converted), ready (0 -> 1: P and the factors
+// written), free (0 -> 1: S and warpgroup 0's P V of the tile done). 5% faster than v23d's
+// symmetric kernel at 64-128 heads; the loads (one block in flight, in registers) and the L1
+// data pipe (79% busy) bound it now (bench/NOTES.md v25).
+// Q is fp16, scaled per row by a power of two (wg::load_q), with q_pe times kpe_scale /
+// ckv_scale before its rounding: exact when the two scales are equal (fp8mla's caches, SGLang's
+// pools), otherwise one fp16 rounding (2^-11 relative) of q_pe.
+#pragma once
+
+#include <cstdint>
+
+#include "src/cuda/cuda_util.cuh"
+#include "src/cuda/decode_kernel.cuh"
+#include "src/cuda/decode_params.h"
+#include "src/cuda/decode_wgmma_kernel.cuh"
+
+namespace fp8mla::detail {
+
+namespace wgfp8 {
+
+inline constexpr int kN = 64;  // cache tokens per block
+inline constexpr int kPanel = kN * 128;
+inline constexpr int kTileBytes = 9 * kPanel;
+
+struct Layout {
+  static constexpr bool kBf16 = false;  // load_q: fp16 Q rows scaled by 2^e
+  static constexpr int kQ = 0;
+  static constexpr int kTile = kQ + 9 * wg::kQPanel;          // [2] fp16 tiles
+  static constexpr int kFlags = kTile + 2 * kTileBytes;       // [tile][token] present
+  static constexpr int kFactor = kFlags + 2 * kN;             // [tile][row] O's rescale factor
+  static constexpr int kStats = kFactor + 2 * wg::kRows * 4;  // [row] max, sum at the end
+  static constexpr int kQInv = kStats + 2 * wg::kRows * 4;
+  static constexpr int kQAmax = kQInv + wg::kRows * 4;
+  static constexpr int kBars = kQAmax + wg::kRows * 4;     // full[2], ready[2], free[2]
+  static constexpr int kSmemBytes = kBars + 6 * 8 + 1024;  // + slack to align to 1 KB
+  static_assert(kSmemBytes <= 227 * 1024, "tile does not fit in shared memory");
+};
+
+// Warpgroup 1's share of a block: thread i (0-127) holds tokens 16 (i / 32) + 8 j + i % 8
+// (j = 0, 1), 16-byte chunks 4 k + i % 32 / 8 (k = 0..8, fp16 panel k). Eight consecutive
+// threads read the same 64 bytes of 8 tokens and store 8 rows of a panel (conflict-free).
+struct Share {
+  uint4 v[2][9];
+  bool ok[2];
+};
+
+__device__ __forceinline__ int share_token(int j) {
+  return 16 * (threadIdx.x % 128 / 32) + 8 * j + threadIdx.x % 8;
+}
+
+// Loads block `blk` (entries e: the page-table or index entries of the two tokens, loaded a
+// block earlier); absent tokens hold zeros.
+__device__ __forceinline__ void load_share(const DecodeParams& p, const WorkTile& t, int blk,
+                                           const std::int32_t (&e)[2], Share& sh) {
+  const int cc = threadIdx.x % 32 / 8;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const decode::TokenAddr a =
+        decode::slot_addr(p, decode::entry_slot_of<kN>(p, t, blk, e[j], share_token(j)));
+    sh.ok[j] = a.ckv != nullptr;
+#pragma unroll
+    for (int k = 0; k < 9; ++k) {
+      const std::uint8_t* src = k < 8 ? a.ckv + 16 * (4 * k + cc) : a.kpe + 16 * cc;
+      sh.v[j][k] = sh.ok[j] ? __ldg(reinterpret_cast<const uint4*>(src)) : make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+// The loaded share converted into tile `tile` (fp16, swizzled panels) and its flags.
+__device__ __forceinline__ void store_share(const Share& sh, std::uint8_t* smem, int tile) {
+  using L = Layout;
+  const int cc = threadIdx.x % 32 / 8;
+  std::uint8_t* dst = smem + L::kTile + tile * kTileBytes;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int row = share_token(j);
+    if (cc == 0) smem[L::kFlags + tile * kN + row] = sh.ok[j] ? 1 : 0;
+#pragma unroll
+    for (int k = 0; k < 9; ++k) {
+      const uint4 c = sh.v[j][k];
+      uint4 a, b;
+      fp8x4_to_half2x2(c.x, a.x, a.y);
+      fp8x4_to_half2x2(c.y, a.z, a.w);
+      fp8x4_to_half2x2(c.z, b.x, b.y);
+      fp8x4_to_half2x2(c.w, b.z, b.w);
+      *reinterpret_cast<uint4*>(dst + k * kPanel + sw128(row, 32 * cc)) = a;
+      *reinterpret_cast<uint4*>(dst + k * kPanel + sw128(row, 32 * cc + 16)) = b;
+    }
+  }
+}
+
+}  // namespace wgfp8
+
+__global__ void __launch_bounds__(wg::kThreads, 1)
+    mla_decode_wgmma_fp8_kernel(const DecodeParams p) {
+  using namespace wgfp8;
+  using L = wgfp8::Layout;
+  DeviceTile tile;
+  if (!decode::load_tile(p, tile)) return;
+  pdl_launch_dependents();
+  std::uint8_t* smem = dynamic_smem_1k();
+  const WorkTile t = tile.tile;
+  const int group = wg::uniform_warpgroup();  // the role
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int g = lane / 4;
+  const int q_first = tile.q_first;
+  const int n_blocks = (t.kv_end - t.kv_begin + kN - 1) / kN;
+  const std::int32_t kv_base = tile.kv_base;
+  std::uint8_t* full = smem + L::kBars;
+  std::uint8_t* ready = full + 16;
+  std::uint8_t* freed = ready + 16;
+  float* factor = reinterpret_cast<float*>(smem + L::kFactor);
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < 6; ++i) mbar_init(full + 8 * i, 128);  // one warpgroup arrives
+    fence_mbar_init();
+  }
+
+  // Warpgroup 1 starts block 0's loads (and block 1's entries) before Q. Entries are loaded a
+  // block before their use (decode::token_entry_of).
+  Share sh;
+  std::int32_t e[2] = {0, 0};
+  auto entries = [&](int blk) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      e[j] = decode::token_entry_of<kN>(p, t, q_first, kv_base, blk, share_token(j));
+  };
+  auto load_ahead = [&](int blk) {  // block blk's loads; the entries move on by a block
+    load_share(p, t, blk, e, sh);
+    entries(blk + 1);
+  };
+  if (group == 1 && n_blocks > 0) {
+    entries(0);
+    load_ahead(0);
+  }
+  wg::load_q<L>(p, t, q_first, p.scale_pe / p.scale_nope, smem);  // ends with a barrier
+
+  float o[4][32];
+#pragma unroll
+  for (int c = 0; c < 4; ++c)
+#pragma unroll
+    for (int r = 0; r < 32; ++r) o[c][r] = 0.0f;
+  const std::uint8_t* tiles = smem + L::kTile;
+  // P V: this warpgroup's 4 panels of V (output dims 256 group + [0, 256)).
+  const std::uint64_t dv = wgmma_desc(tiles + 4 * group * kPanel, kPanel, 1024);
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.0f, 0.0f};  // warpgroup 0: this thread's columns, summed over the quad
+
+  if (group == 1) {
+    // ---- warpgroup 1: convert one block ahead, then P V of the current block ----
+    if (n_blocks > 0) {
+      store_share(sh, smem, 0);
+      fence_proxy_async();
+      mbar_arrive(full);
+      if (n_blocks > 1) load_ahead(1);
+    }
+    // P: 64 rows x 64 tokens in the tile's rope panel, K-major (one 128-byte swizzled panel).
+    const std::uint64_t dp = wgmma_desc(tiles + 8 * kPanel, 16, 1024);
+    for (int blk = 0; blk < n_blocks; ++blk) {
+      const int s = blk & 1;
+      if (blk + 1 < n_blocks) {
+        // Tile s ^ 1 held block blk - 1: warpgroup 0 is done with it, and this warpgroup's
+        // P V of it completed at the end of the last iteration.
+        if (blk >= 1) mbar_wait(freed + 8 * (s ^ 1), ((blk - 1) >> 1) & 1);
+        store_share(sh, smem, s ^ 1);
+        fence_proxy_async();
+        mbar_arrive(full + 8 * (s ^ 1));
+        if (blk + 2 < n_blocks) load_ahead(blk + 2);
+      }
+      mbar_wait(ready + 8 * s, (blk >> 1) & 1);
+      const float f[2] = {factor[s * wg::kRows + 16 * warp + g],
+                          factor[s * wg::kRows + 16 * warp + g + 8]};
+      wg::rescale_o(o, f);
+      const auto off = static_cast<std::uint32_t>(__shfl_sync(0xffffffffu, s * kTileBytes, 0));
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          wgmma_64x64x16_ss<1, false>(o[c], desc_add(dp, off + 32 * kk),
+                                      desc_add(dv, off + c * kPanel + kk * 2048), 1);
+      wgmma_commit();
+      wgmma_wait<0>();
+#pragma unroll
+      for (int c = 0; c < 4; ++c) wgmma_fence_operand(o[c]);
+    }
+  } else {
+    // ---- warpgroup 0: S, softmax, P for both warpgroups, P V of its half ----
+    const int tq = lane % 4;
+    int limit[2];
+    float sc[2];
+    wg::row_bounds(p, tile, warp, g, reinterpret_cast<const float*>(smem + L::kQInv), limit, sc);
+    const int limit_min = min(limit[0], limit[1]);
+    const std::uint64_t dq = wgmma_desc(smem + L::kQ, 16, 1024);
+    const std::uint64_t dk = wgmma_desc(tiles, 16, 1024);
+    for (int blk = 0; blk < n_blocks; ++blk) {
+      const int s = blk & 1;
+      const auto off = static_cast<std::uint32_t>(__shfl_sync(0xffffffffu, s * kTileBytes, 0));
+      mbar_wait(full + 8 * s, (blk >> 1) & 1);
+      float sacc[32];
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < 36; ++k)
+        wgmma_64x64x16_ss<0, false>(sacc, desc_add(dq, (k / 4) * wg::kQPanel + 32 * (k % 4)),
+                                    desc_add(dk, off + (k / 4) * kPanel + 32 * (k % 4)), k > 0);
+      wgmma_commit();
+      wgmma_wait<0>();  // S, and the last block's P V
+      wgmma_fence_operand(sacc);
+#pragma unroll
+      for (int c = 0; c < 4; ++c) wgmma_fence_operand(o[c]);
+      // This warpgroup is done with tile s ^ 1 (block blk - 1: its S, and its P V, which
+      // completed before this S): warpgroup 1 converts block blk + 1 into it once its own P V
+      // of block blk - 1 has completed too.
+      if (blk >= 1) mbar_arrive(freed + 8 * (s ^ 1));
+
+      const std::uint8_t* fl = smem + L::kFlags + s * kN;
+      const uint4* f4 = reinterpret_cast<const uint4*>(fl);
+      const uint4 a = f4[0], b = f4[1], c = f4[2], d = f4[3];
+      const bool all_present = (a.x & a.y & a.z & a.w & b.x & b.y & b.z & b.w & c.x & c.y & c.z &
+                                c.w & d.x & d.y & d.z & d.w) == 0x01010101u;
+      const int j0 = t.kv_begin + blk * kN;
+      float mx[2];
+      wg::mask_and_max(sacc, mx, all_present && j0 + kN - 1 <= limit_min, fl, j0, limit);
+      float f[2], pbase[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float base = wg::new_base(row_max[h], __fmul_rn(mx[h], sc[h]));  // sc > 0
+        f[h] = wg::factor(row_max[h], base);
+        row_max[h] = base;
+        pbase[h] = base == -INFINITY ? 0.0f : base;
+        if (tq == 0) factor[s * wg::kRows + 16 * warp + g + 8 * h] = f[h];
+      }
+      // P into the rope panel of tile s (S has read it), for warpgroup 1's P V.
+      std::uint32_t pa[4][4];
+      std::uint8_t* pt = smem + L::kTile + s * kTileBytes + 8 * kPanel;
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        wg::p_frags<false>(pa[kk], sacc, kk, sc, pbase);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          *reinterpret_cast<std::uint32_t*>(
+              pt + sw128(16 * warp + g + 8 * (j % 2), 2 * (16 * kk + 2 * tq + 8 * (j / 2)))) =
+              pa[kk][j];
+      }
+      fence_proxy_async();
+      mbar_arrive(ready + 8 * s);
+      wg::rescale_o(o, f);
+      row_sum[0] *= f[0], row_sum[1] *= f[1];
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          wgmma_64x64x16_rs<1, false>(o[c], pa[kk], desc_add(dv, off + c * kPanel + kk * 2048), 1);
+      wgmma_commit();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) wg::add_sums<false>(row_sum, pa[kk]);
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int c = 0; c < 4; ++c) wgmma_fence_operand(o[c]);
+    float2* stats = reinterpret_cast<float2*>(smem + L::kStats);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
+      row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
+      if (tq == 0) stats[16 * warp + g + 8 * h] = make_float2(row_max[h], row_sum[h]);
+    }
+  }
+  __syncthreads();  // the rows' max and sum, from warpgroup 0
+  if (group == 1) {
+    const float2* stats = reinterpret_cast<const float2*>(smem + L::kStats);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float2 v = stats[16 * warp + g + 8 * h];
+      row_max[h] = v.x, row_sum[h] = v.y;
+    }
+  }
+  wg::store_rows(p, tile, group, warp, lane, o, row_max, row_sum);
+}
+
+}  // namespace fp8mla::detail
