@@ -1,18 +1,20 @@
 // The fp8_e4m3 decode kernel for tiles of 17-64 rows (128-head models run two 64-row tiles per
 // request), warp-specialized so that the tensor cores work while the ALUs convert. One CTA of
 // two warpgroups per WorkTile, one CTA per SM; 64-token blocks in two fp16 tiles:
-//   * warpgroup 1 loads block b + 2's tokens from global memory into registers (18 x 16 bytes
-//     a thread), converts block b + 1's (one cvt.rn.f16x2.e4m3x2 per pair, exact) into the free
-//     tile, and multiplies O[:, 256:512] += P V with P read from shared memory;
+//   * warpgroup 1 loads block b + 2's tokens from global memory into registers (72 bytes a
+//     thread: 256 bytes in a row per warp load where the block lies in one page of fused tokens,
+//     else 64 bytes of 8 tokens), converts block b + 1's (one cvt.rn.f16x2.e4m3x2 per pair,
+//     exact) into the free tile, and multiplies O[:, 256:512] += P V with P read from shared
+//     memory;
 //   * warpgroup 0 computes S = Q K^T for all 64 tokens (m64n64k16: Q read once per 64 tokens),
 //     the online softmax, writes P (fp16) into the tile's rope panel (dead once S has read it)
 //     and the rows' rescale factors, and multiplies O[:, 0:256] += P V with P in registers.
 // So the conversion of block b + 1 runs while warpgroup 0 computes S of block b. No staging
 // buffers: Q (73.7 KB) and two 64-token fp16 tiles (73.7 KB each) fill shared memory. Three
 // mbarrier pairs hand the tiles over: full (1 -> 0: converted), ready (0 -> 1: P and the factors
-// written), free (0 -> 1: S and warpgroup 0's P V of the tile done). 5% faster than v23d's
-// symmetric kernel at 64-128 heads; the loads (one block in flight, in registers) and the L1
-// data pipe (79% busy) bound it now (bench/NOTES.md v25).
+// written), free (0 -> 1: S and warpgroup 0's P V of the tile done). The L1 data pipe (shared-
+// memory operands, loads, conversion stores) and the loads' latency (one block in flight, in
+// registers) bound it (bench/NOTES.md v25: 64/128/4096 209 -> 168 us at page 64).
 // Q is fp16, scaled per row by a power of two (wg::load_q), with q_pe times kpe_scale /
 // ckv_scale before its rounding: exact when the two scales are equal (fp8mla's caches, SGLang's
 // pools), otherwise one fp16 rounding (2^-11 relative) of q_pe.
@@ -47,9 +49,11 @@ struct Layout {
   static_assert(kSmemBytes <= 227 * 1024, "tile does not fit in shared memory");
 };
 
-// Warpgroup 1's share of a block: thread i (0-127) holds tokens 16 (i / 32) + 8 j + i % 8
-// (j = 0, 1), 16-byte chunks 4 k + i % 32 / 8 (k = 0..8, fp16 panel k). Eight consecutive
-// threads read the same 64 bytes of 8 tokens and store 8 rows of a panel (conflict-free).
+// Warpgroup 1's share of a block (72 bytes a thread). Per token, for any page size, layout or
+// sparse list: thread i (0-127) holds tokens 16 (i / 32) + 8 j + i % 8 (j = 0, 1), 16-byte
+// chunks 4 k + i % 32 / 8 (k = 0..8, fp16 panel k); eight consecutive threads read the same 64
+// bytes of 8 tokens and store 8 rows of a panel (conflict-free). Contiguous blocks use the same
+// registers as 36 8-byte units (load_block_units).
 struct Share {
   uint4 v[2][9];
   bool ok[2];
@@ -100,6 +104,60 @@ __device__ __forceinline__ void store_share(const Share& sh, std::uint8_t* smem,
   }
 }
 
+// Blocks whose 64 tokens lie in a row of one page with fused 576-byte tokens (dense page tables,
+// pages of >= 64 tokens, fp8mla's and SGLang's pools): warpgroup 1 reads the block's 36,864
+// bytes as 8-byte units i = 128 k + u (thread u, k = 0..35), so a warp's load is 256 bytes in a
+// row (2 L1 wavefronts; the per-token loads above cost ~21 per 512 bytes, bench/NOTES.md v25).
+// Unit i is token i / 72, 8-byte unit w = i % 72 of it: panel w / 8, 16-byte unit w % 8 of the
+// row, so 8 consecutive threads store one row's 8 units of a panel (conflict-free). Unit i + 1152
+// is 16 tokens further: the same place 2048 bytes on, so 9 addresses serve all 36.
+__device__ __forceinline__ bool contiguous_blocks(const DecodeParams& p, const WorkTile& t) {
+  return p.topk == 0 && p.page_shift >= 6 && (t.kv_begin & (kN - 1)) == 0 && p.kpe == p.ckv + 512 &&
+         p.ckv_token_stride == 576 && p.kpe_token_stride == 576 &&
+         p.kpe_page_stride == p.ckv_page_stride;
+}
+
+// Loads block `blk` of a contiguous tile (e: its page, loaded a block earlier) into sh.v (unit
+// k in half k % 2 of sh.v[k / 2]); units of tokens past the tile are zeros.
+__device__ __forceinline__ void load_block_units(const DecodeParams& p, const WorkTile& t, int blk,
+                                                 std::int32_t e, Share& sh) {
+  const int j0 = t.kv_begin + blk * kN;
+  const std::uint8_t* base = p.ckv + static_cast<std::int64_t>(e) * p.ckv_page_stride +
+                             static_cast<std::int64_t>(j0 & ((1 << p.page_shift) - 1)) * 576;
+  const int u = threadIdx.x % 128, lim = 72 * min(kN, t.kv_end - j0);
+  std::uint32_t* v = &sh.v[0][0].x;
+#pragma unroll
+  for (int k = 0; k < 36; ++k) {
+    const int i = 128 * k + u;
+    const uint2 x =
+        i < lim ? __ldg(reinterpret_cast<const uint2*>(base + 8 * i)) : make_uint2(0, 0);
+    v[2 * k] = x.x, v[2 * k + 1] = x.y;
+  }
+}
+
+// The units converted into tile `tile` with the flags of the tile's tokens (kv_end bounds them).
+__device__ __forceinline__ void store_block_units(const Share& sh, std::uint8_t* smem, int tile,
+                                                  int valid) {
+  using L = Layout;
+  const int u = threadIdx.x % 128;
+  if (u < kN) smem[L::kFlags + tile * kN + u] = u < valid ? 1 : 0;
+  std::uint8_t* dst = smem + L::kTile + tile * kTileBytes;
+  const std::uint32_t* v = &sh.v[0][0].x;
+#pragma unroll
+  for (int k0 = 0; k0 < 9; ++k0) {
+    const int i = 128 * k0 + u, r = i / 72, w = i - 72 * r;
+    std::uint8_t* at = dst + (w >> 3) * kPanel + r * 128 + (((w ^ r) & 7) << 4);
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const int k = k0 + 9 * m;
+      uint4 h;
+      fp8x4_to_half2x2(v[2 * k], h.x, h.y);
+      fp8x4_to_half2x2(v[2 * k + 1], h.z, h.w);
+      *reinterpret_cast<uint4*>(at + 2048 * m) = h;
+    }
+  }
+}
+
 }  // namespace wgfp8
 
 __global__ void __launch_bounds__(wg::kThreads, 1)
@@ -130,14 +188,27 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
   // block before their use (decode::token_entry_of).
   Share sh;
   std::int32_t e[2] = {0, 0};
+  const bool contig = contiguous_blocks(p, t);  // the same for the whole CTA
   auto entries = [&](int blk) {
 #pragma unroll
     for (int j = 0; j < 2; ++j)
-      e[j] = decode::token_entry_of<kN>(p, t, q_first, kv_base, blk, share_token(j));
+      e[j] = decode::token_entry_of<kN>(p, t, q_first, kv_base, blk, contig ? 0 : share_token(j));
   };
   auto load_ahead = [&](int blk) {  // block blk's loads; the entries move on by a block
-    load_share(p, t, blk, e, sh);
+    if (contig) {
+      load_block_units(p, t, blk, e[0], sh);
+    } else {
+      load_share(p, t, blk, e, sh);
+    }
     entries(blk + 1);
+  };
+  // Block blk's loaded share converted into tile `tile`.
+  auto store = [&](int blk, int tile) {
+    if (contig) {
+      store_block_units(sh, smem, tile, min(kN, t.kv_end - t.kv_begin - blk * kN));
+    } else {
+      store_share(sh, smem, tile);
+    }
   };
   if (group == 1 && n_blocks > 0) {
     entries(0);
@@ -159,7 +230,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
   if (group == 1) {
     // ---- warpgroup 1: convert one block ahead, then P V of the current block ----
     if (n_blocks > 0) {
-      store_share(sh, smem, 0);
+      store(0, 0);
       fence_proxy_async();
       mbar_arrive(full);
       if (n_blocks > 1) load_ahead(1);
@@ -172,7 +243,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
         // Tile s ^ 1 held block blk - 1: warpgroup 0 is done with it, and this warpgroup's
         // P V of it completed at the end of the last iteration.
         if (blk >= 1) mbar_wait(freed + 8 * (s ^ 1), ((blk - 1) >> 1) & 1);
-        store_share(sh, smem, s ^ 1);
+        store(blk + 1, s ^ 1);
         fence_proxy_async();
         mbar_arrive(full + 8 * (s ^ 1));
         if (blk + 2 < n_blocks) load_ahead(blk + 2);
