@@ -210,10 +210,6 @@ __device__ __forceinline__ int sw128(int row, int byte) {
 __device__ __forceinline__ int sw64(int row, int byte) {
   return row * 64 + ((((byte >> 4) ^ (row >> 1)) & 3) << 4) + (byte & 15);
 }
-// Barrier `id` (1-15; 0 is __syncthreads') over `threads` threads (a multiple of 32).
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }

@@ -148,22 +148,6 @@ __device__ __forceinline__ TokenAddr slot_addr(const DecodeParams& p, std::int64
       p.kpe == nullptr ? nullptr : p.kpe + page * p.kpe_page_stride + offset * p.kpe_token_stride};
 }
 
-// cp.async of the thread's fp8_e4m3 token (slot from entry_slot; 4 threads per token, 9 x 16
-// bytes each) into `row` (576 bytes); a skipped token is zero-filled and flagged 0.
-__device__ __forceinline__ void copy_fp8_token(const DecodeParams& p, std::int64_t slot,
-                                               std::uint8_t* row, std::uint8_t* flag) {
-  const int sub = threadIdx.x % 4;
-  const TokenAddr a = slot_addr(p, slot);
-  const bool valid = a.ckv != nullptr;
-  if (sub == 0) *flag = valid ? 1 : 0;
-#pragma unroll
-  for (int i = 0; i < 9; ++i) {  // a fixed trip count: unrolled, no loop branch
-    const int c = sub + 4 * i;
-    const std::uint8_t* src = c < 32 ? a.ckv + 16 * c : a.kpe + 16 * (c - 32);
-    cp_async_16(row + 16 * c, valid ? src : p.ckv, valid);  // p.ckv: a mapped address
-  }
-}
-
 // Bulk (TMA) copies: lanes 0..7 of every warp issue them, one token each (bulk_token()). A bulk
 // copy is a uniform-datapath instruction that ptxas issues once per active lane in turn (a loop
 // of ~7 instructions a copy), so 8 issuers a warp keep that loop short and spread over the CTA.
