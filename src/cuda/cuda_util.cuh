@@ -32,10 +32,12 @@ __device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
 
 // 16-byte global -> shared copy that bypasses L1; when `valid` is false the destination is
 // zero-filled and nothing is read (src must still be a mapped address).
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
-  const int bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
+__device__ __forceinline__ void cp_async_16(std::uint32_t smem, const void* gmem, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
                "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
+  cp_async_16(smem_addr(smem), gmem, valid ? 16 : 0);
 }
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n");
@@ -71,6 +73,17 @@ __device__ __forceinline__ void mbar_wait(void* bar, unsigned parity) {
       " @!done bra WAIT;\n}\n" ::"r"(smem_addr(bar)),
       "r"(parity)
       : "memory");
+}
+// Whether the phase of parity `parity` has completed, without waiting.
+__device__ __forceinline__ bool mbar_test(void* bar, unsigned parity) {
+  std::uint32_t done;
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      " selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(smem_addr(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
 }
 // Orders this thread's earlier generic-proxy shared-memory accesses before its later async-proxy
 // ones (bulk copies into the same bytes).

@@ -11,8 +11,8 @@
 #include "src/cuda/decode_fp8_kernel.cuh"
 #include "src/cuda/decode_fp8_tma_kernel.cuh"
 #include "src/cuda/decode_kernel.cuh"
-#include "src/cuda/decode_wgmma_fp8_kernel.cuh"
 #include "src/cuda/decode_wgmma_kernel.cuh"
+#include "src/cuda/decode_wgmma_ws_kernel.cuh"
 #include "src/cuda/plan_buffers.h"
 
 namespace fp8mla::detail {
@@ -134,18 +134,21 @@ template <KvFormat F, int MT>
 constexpr KernelEntry entry() {
   return {&mla_decode_kernel<F, MT>, decode::Smem<F, MT>::kBytes};
 }
-constexpr KernelEntry kWgmmaBf16{&mla_decode_wgmma_bf16_kernel, wg::Layout::kSmemBytes};
-constexpr KernelEntry kWgmmaFp8{&mla_decode_wgmma_fp8_kernel, wgfp8::Layout::kSmemBytes};
+template <bool kBf16>
+constexpr KernelEntry ws_entry() {
+  return {&mla_decode_wgmma_ws_kernel<kBf16>, ws::Layout<kBf16>::kSmemBytes};
+}
 constexpr int row_tile_index(int mt) {
   return mt == 1 ? 0 : mt == 2 ? 1 : 2;
 }
-// Tiles of 17-64 rows (two or four m-tiles) run the wgmma kernels (fp8_e4m3:
-// decode_wgmma_fp8_kernel.cuh, warp-specialized; bf16: decode_wgmma_kernel.cuh); fp8_e4m3 with
+// Tiles of 17-64 rows (two or four m-tiles) of fp8_e4m3 and bf16 caches run the warp-specialized
+// wgmma kernel (decode_wgmma_ws_kernel.cuh); fp8_e4m3 with
 // <= 16 rows has the fragment kernel (decode_fp8_kernel.cuh); the rest (the block format, bf16
 // <= 16 rows) the shared-tile kernel.
 const std::array<std::array<KernelEntry, 3>, 3> kDecodeKernels = {{
-    {entry<KvFormat::bf16, 1>(), kWgmmaBf16, kWgmmaBf16},
-    {KernelEntry{&mla_decode_fp8_kernel, fp8frag::kSmemBytes}, kWgmmaFp8, kWgmmaFp8},
+    {entry<KvFormat::bf16, 1>(), ws_entry<true>(), ws_entry<true>()},
+    {KernelEntry{&mla_decode_fp8_kernel, fp8frag::kSmemBytes}, ws_entry<false>(),
+     ws_entry<false>()},
     {entry<KvFormat::fp8_e4m3_block, 1>(), entry<KvFormat::fp8_e4m3_block, 2>(),
      entry<KvFormat::fp8_e4m3_block, 4>()},
 }};

@@ -1,7 +1,8 @@
 // The shared-memory-tile MLA decode kernel: one CTA per WorkTile (request, query block, head
-// block, kv range). It runs the bf16 and 656-byte block-format caches; fp8_e4m3 tiles have
-// their own kernels (<= 16 rows: decode_fp8_tma_kernel.cuh on pages of >= 8 tokens,
-// decode_fp8_kernel.cuh otherwise; 17-64 rows: decode_wgmma_fp8_kernel.cuh).
+// block, kv range). It runs the 656-byte block-format caches and bf16 tiles of <= 16 rows;
+// fp8_e4m3 tiles of <= 16 rows have their own kernels (decode_fp8_tma_kernel.cuh on pages of
+// >= 8 tokens, decode_fp8_kernel.cuh otherwise), and fp8_e4m3 and bf16 tiles of 17-64 rows the
+// warp-specialized one (decode_wgmma_ws_kernel.cuh).
 //
 // Per block of 64 cache tokens:
 //   1. cp.async the tokens' raw bytes (any format, paged or gathered per token, 16-byte vectors)
@@ -286,7 +287,7 @@ __device__ __forceinline__ void dequantize_block(std::uint8_t* smem, int stage) 
   }
 }
 
-// ---- pieces shared with decode_fp8_kernel.cuh and decode_wgmma_kernel.cuh ----
+// ---- pieces shared with the fp8 and wgmma kernels ----
 
 // |x| of 8 bf16 values as the bits of a non-negative float (orders like the value; NaN above inf).
 __device__ __forceinline__ std::uint32_t abs_max_bits(uint4 v) {

@@ -1,19 +1,11 @@
-// The wgmma decode kernel for bf16 caches at 17-64 rows (heads x query tokens; 128-head models
-// run two 64-row tiles per request), and the pieces it shares with the fp8_e4m3 kernel of those
-// tiles (decode_wgmma_fp8_kernel.cuh): Q's load, the softmax fragments and the epilogue.
-// mma.sync reached 19% of the matmul ceiling there with 8 warps per SM (bench/NOTES.md, v7); this
-// kernel issues Hopper's warpgroup MMA (wgmma), which reads its operands from shared memory
-// without per-thread fragment loads. One CTA (2 warpgroups) per WorkTile, one CTA per SM. Per
-// 32-token block:
-//   * cp.async copies the tokens straight into one of three bf16 tiles, two blocks ahead. A tile
-//     is nine 128-byte-swizzled panels of 64 dims, the layout wgmma reads both as K (K-major,
-//     for S) and as V (N-major, for O);
-//   * S = Q K^T, 64 x 32 fp32 (Q bf16 in shared memory): warpgroup g multiplies k-steps 2 k + g
-//     for all 32 tokens, the partial sums meet in shared memory, and both warpgroups run the
-//     same softmax (16 tokens a warpgroup read Q from shared memory twice as often per token:
-//     9% slower, bench/NOTES.md v23);
-//   * O += P V: warpgroup g owns output dims [256 g, 256 g + 256) (128 fp32 accumulators per
-//     thread).
+// The pieces the 17-64-row wgmma decode kernel (decode_wgmma_ws_kernel.cuh) is built from: Q's
+// load into swizzled panels, the online softmax on wgmma accumulator fragments (masks, row
+// maxima, P as A fragments, row sums, O's rescale) and the epilogue. A tile is 64 query rows
+// (heads x query tokens; 128-head models run two tiles per request) in one CTA of two
+// warpgroups; warpgroup g owns output dims [256 g, 256 g + 256) (128 fp32 accumulators per
+// thread). mma.sync reached 19% of the matmul ceiling on these tiles with 8 warps per SM
+// (bench/NOTES.md v7); wgmma reads its operands from shared memory without per-thread fragment
+// loads.
 #pragma once
 
 #include <cstdint>
@@ -29,25 +21,6 @@ namespace wg {
 inline constexpr int kThreads = 256;
 inline constexpr int kRows = 64;
 inline constexpr int kQPanel = kRows * 128;  // 64 q rows x 64 16-bit dims, swizzled
-
-// The bf16 kernel's shared memory: Q (73.7 KB) and three 32-token tiles (36.9 KB each), the
-// partial-S exchange and the flags of the blocks in flight.
-struct Layout {
-  static constexpr bool kBf16 = true;  // load_q: bf16 Q as given
-  static constexpr int kN = 32;        // cache tokens per block
-  static constexpr int kTiles = 3;
-  static constexpr int kPanel = kN * 128;
-  static constexpr int kTileBytes = 9 * kPanel;
-  static constexpr int kFlagSlots = 4;  // token flags of the blocks in flight
-  static constexpr int kQ = 0;
-  static constexpr int kTile = kQ + 9 * kQPanel;
-  static constexpr int kSwap = kTile + kTiles * kTileBytes;  // partial S, 64 x 32 fp32
-  static constexpr int kFlags = kSwap + kRows * kN * 4;
-  static constexpr int kQInv = kFlags + kFlagSlots * kN;
-  static constexpr int kQAmax = kQInv + kRows * 4;
-  static constexpr int kSmemBytes = kQAmax + kRows * 4 + 1024;  // + slack to align to 1 KB
-  static_assert(kSmemBytes <= 227 * 1024, "tile does not fit in shared memory");
-};
 
 // Q rows into the nine swizzled panels at L::kQ (zero rows past the tile). fp8 caches: fp16,
 // each row scaled by 2^e (decode::q_row_exponent over its nope values and its ratio-scaled rope
@@ -95,69 +68,6 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const WorkTile& t,
   }
   fence_proxy_async();
   __syncthreads();
-}
-
-// cp.async of block `blk` straight into tile blk % 3 and its flags: 8 threads per token,
-// thread sub copies dims 8 sub + 64 i (panel i, swizzled unit sub) for i = 0..8; the page-table
-// entry of block blk + 1 is loaded for the next call (decode::token_entry). One commit.
-__device__ __forceinline__ void stage_bf16_block(const DecodeParams& p, const WorkTile& t,
-                                                 int q_first, std::int32_t kv_base, int blk,
-                                                 std::int32_t& entry, std::uint8_t* smem) {
-  using L = Layout;
-  const int tok = threadIdx.x / 8, sub = threadIdx.x % 8;
-  const decode::TokenAddr a = decode::slot_addr(p, decode::entry_slot<L::kN, 8>(p, t, blk, entry));
-  const bool valid = a.ckv != nullptr;
-  if (sub == 0) smem[L::kFlags + (blk % L::kFlagSlots) * L::kN + tok] = valid ? 1 : 0;
-  std::uint8_t* dst = smem + L::kTile + (blk % L::kTiles) * L::kTileBytes + sw128(tok, 16 * sub);
-#pragma unroll
-  for (int i = 0; i < 9; ++i) {
-    const std::uint8_t* src = i < 8 ? a.ckv + 16 * (sub + 8 * i) : a.kpe + 16 * sub;
-    cp_async_16(dst + i * L::kPanel, valid ? src : p.ckv, valid);  // p.ckv: a mapped address
-  }
-  cp_async_commit();
-  entry = decode::token_entry<L::kN, 8>(p, t, q_first, kv_base, blk + 1);
-}
-
-// This warpgroup's partial S of the tile at byte offset `tile` (64 x 32): all 32 tokens,
-// k-steps 2 k + g of 36 (panel k / 2, byte 64 (k % 2) + 32 g). dq and dk carry the group's
-// offset, so the descriptors differ by a register, not a branch (ptxas serializes every wgmma of
-// a kernel that has a branch around one: C7520).
-__device__ __forceinline__ void s_steps(float (&s)[16], std::uint64_t dq, std::uint64_t dk,
-                                        std::uint32_t tile) {
-  wgmma_fence();
-#pragma unroll
-  for (int k = 0; k < 18; ++k) {
-    const int d = 64 * (k % 2);
-    wgmma_64x32x16_ss<true>(s, desc_add(dq, (k / 2) * kQPanel + d),
-                            desc_add(dk, tile + (k / 2) * Layout::kPanel + d), k > 0);
-  }
-  wgmma_commit();
-}
-
-// The partial-S exchange: float4 i of this thread's slots (xch[128 i]) holds s[4 i .. 4 i + 3];
-// warpgroup 0 puts, warpgroup 1 adds and puts the sum back, warpgroup 0 gets it.
-template <int kS>
-__device__ __forceinline__ void put_scores(const float (&s)[kS], float4* xch) {
-#pragma unroll
-  for (int i = 0; i < kS / 4; ++i)
-    xch[128 * i] = make_float4(s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]);
-}
-template <int kS>
-__device__ __forceinline__ void get_scores(float (&s)[kS], const float4* xch) {
-#pragma unroll
-  for (int i = 0; i < kS / 4; ++i) {
-    const float4 v = xch[128 * i];
-    s[4 * i] = v.x, s[4 * i + 1] = v.y, s[4 * i + 2] = v.z, s[4 * i + 3] = v.w;
-  }
-}
-template <int kS>
-__device__ __forceinline__ void add_scores(float (&s)[kS], float4* xch) {
-#pragma unroll
-  for (int i = 0; i < kS / 4; ++i) {
-    const float4 v = xch[128 * i];
-    s[4 * i] += v.x, s[4 * i + 1] += v.y, s[4 * i + 2] += v.z, s[4 * i + 3] += v.w;
-    xch[128 * i] = make_float4(s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]);
-  }
 }
 
 // The running row max moves only when a block's max exceeds it by more than 2^8 (log2 units):
@@ -306,118 +216,5 @@ __device__ __forceinline__ void store_rows(const DecodeParams& p, const DeviceTi
 }
 
 }  // namespace wg
-
-__global__ void __launch_bounds__(wg::kThreads, 1)
-    mla_decode_wgmma_bf16_kernel(const DecodeParams p) {
-  using namespace wg;
-  using L = Layout;
-  constexpr int kN = L::kN;
-  DeviceTile tile;
-  if (!decode::load_tile(p, tile)) return;
-  pdl_launch_dependents();
-  std::uint8_t* smem = dynamic_smem_1k();
-  const WorkTile t = tile.tile;
-  const int group = uniform_warpgroup();
-  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  const int g = lane / 4;
-  const int q_first = tile.q_first;
-  const int n_blocks = (t.kv_end - t.kv_begin + kN - 1) / kN;
-
-  const std::int32_t kv_base = tile.kv_base;
-  std::uint8_t* flags = smem + L::kFlags;
-  // Page-table entry of the next block to stage (token_entry).
-  std::int32_t next_entry = decode::token_entry<kN, 8>(p, t, q_first, kv_base, 0);
-  stage_bf16_block(p, t, q_first, kv_base, 0, next_entry, smem);
-  stage_bf16_block(p, t, q_first, kv_base, 1, next_entry, smem);
-  load_q<L>(p, t, q_first, 1.0f, smem);
-
-  int limit[2];
-  float sc[2];
-  row_bounds(p, tile, warp, g, reinterpret_cast<const float*>(smem + L::kQInv), limit, sc);
-  const int limit_min = min(limit[0], limit[1]);
-  float row_max[2] = {-INFINITY, -INFINITY};
-  float row_sum[2] = {0.0f, 0.0f};  // this thread's columns only; summed over the quad at the end
-  float o[4][32];
-#pragma unroll
-  for (int c = 0; c < 4; ++c)
-#pragma unroll
-    for (int r = 0; r < 32; ++r) o[c][r] = 0.0f;
-
-  const std::uint8_t* tiles = smem + L::kTile;
-  // S's descriptors carry the group's first k-step.
-  const std::uint64_t dq = wgmma_desc(smem + L::kQ + 32 * group, 16, 1024);
-  const std::uint64_t dk = wgmma_desc(tiles + 32 * group, 16, 1024);
-  const std::uint64_t dv = wgmma_desc(tiles + 4 * group * L::kPanel, L::kPanel, 1024);
-  float4* xch = reinterpret_cast<float4*>(smem + L::kSwap) + threadIdx.x % 128;
-
-  for (int blk = 0; blk < n_blocks; ++blk) {
-    float s[16];
-    // Tile offset of this block, broadcast so the descriptors stay uniform.
-    const auto tile =
-        static_cast<std::uint32_t>(__shfl_sync(0xffffffffu, (blk % L::kTiles) * L::kTileBytes, 0));
-    const std::uint8_t* fl = flags + (blk % L::kFlagSlots) * kN;
-    cp_async_wait<1>();
-    fence_proxy_async();  // cp.async wrote through the generic proxy; wgmma reads async
-    __syncthreads();      // block blk landed for all; every wgmma of block blk - 1 completed
-    if (blk + 2 < n_blocks) {
-      stage_bf16_block(p, t, q_first, kv_base, blk + 2, next_entry, smem);
-    } else {
-      cp_async_commit();  // one group per iteration: wait_group 1 always means block blk
-    }
-    s_steps(s, dq, dk, tile);
-    const uint4 f0 = reinterpret_cast<const uint4*>(fl)[0];
-    const uint4 f1 = reinterpret_cast<const uint4*>(fl)[1];
-    const bool all_present = (f0.x & f0.y & f0.z & f0.w & f1.x & f1.y & f1.z & f1.w) == 0x01010101u;
-    wgmma_wait<0>();
-    wgmma_fence_operand(s);
-    // The partial sums meet, and both warpgroups hold bit-identical scores. Whole-CTA barriers:
-    // racecheck reported hazards on a bar.arrive / bar.sync hand-off (v9).
-    if (group == 0) put_scores(s, xch);
-    __syncthreads();
-    if (group == 1) add_scores(s, xch);
-    __syncthreads();
-    if (group == 0) get_scores(s, xch);
-
-    // ---- masks and online softmax; the max is taken on unscaled scores ----
-    const int j0 = t.kv_begin + blk * kN;
-    float mx[2];
-    mask_and_max(s, mx, all_present && j0 + kN - 1 <= limit_min, fl, j0, limit);
-    float f[2], pbase[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float b = new_base(row_max[h], __fmul_rn(mx[h], sc[h]));  // sc > 0
-      f[h] = factor(row_max[h], b);
-      row_max[h] = b;
-      pbase[h] = b == -INFINITY ? 0.0f : b;
-    }
-    std::uint32_t pa[kN / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kN / 16; ++kk) p_frags<true>(pa[kk], s, kk, sc, pbase);
-    rescale_o(o, f);
-    row_sum[0] *= f[0], row_sum[1] *= f[1];
-    // O += P V over the block's k-steps (this warpgroup's 4 panels of 64 dims).
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kN / 16; ++kk)
-#pragma unroll
-      for (int c = 0; c < 4; ++c)
-        wgmma_64x64x16_rs<1, true>(o[c], pa[kk], desc_add(dv, tile + c * L::kPanel + kk * 2048), 1);
-    wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < kN / 16; ++kk) add_sums<true>(row_sum, pa[kk]);
-    wgmma_wait<0>();
-#pragma unroll
-    for (int c = 0; c < 4; ++c) wgmma_fence_operand(o[c]);
-  }
-  cp_async_wait<0>();
-
-  // ---- epilogue: row sums over the quad, then o / l and lse ----
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
-    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
-  }
-  store_rows(p, tile, group, warp, lane, o, row_max, row_sum);
-}
 
 }  // namespace fp8mla::detail

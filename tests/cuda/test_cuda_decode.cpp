@@ -216,8 +216,8 @@ const GridCase kGrid[] = {
     // 17-64-row fp8 tiles (the wgmma kernel) with kpe_scale != ckv_scale: q_pe carries the ratio
     {F8, 32, 16, 3, 1, 1, false, 1, 500, SP, 2.0f, 0.5f},
     {F8, 128, 64, 2, 1, 2, true, 1, 700, FU, 0.5f, 4.0f},
-    // 17-64-row bf16 tiles (the wgmma kernel, 32-token blocks): page 1, causal, long enough to
-    // split
+    // 17-64-row bf16 tiles (the warp-specialized kernel, cp.async copies): page 1, causal, long
+    // enough to split
     {BF, 64, 1, 2, 1, 2, true, 300, 2500, SP, 1.0f, 1.0f},
     // <= 16-row fp8 tiles on pages of >= 8 tokens (the TMA kernel): page sizes 8, 32 and 128
     // besides the 16 and 64 above, split layouts, kpe_scale != ckv_scale, causal multi-token
@@ -228,6 +228,10 @@ const GridCase kGrid[] = {
     // of two: the fragment kernel)
     {F8, 16, 64, 3, 1, 2, true, 1, 600, FU, 0.03125f, 32.0f},
     {F8, 16, 64, 3, 1, 2, true, 1, 600, FU, 1e-3f, 1e3f},
+    // 17-64-row bf16 tiles at page 64: ragged lengths from 0 (odd and even block counts), and
+    // 32 heads x 2 query tokens on the split layout
+    {BF, 128, 64, 3, 1, 1, false, 0, 700, FU, 1.0f, 1.0f},
+    {BF, 32, 64, 3, 1, 2, true, 1, 900, SP, 1.0f, 1.0f},
 };
 
 class CudaDecodeGrid : public ::testing::TestWithParam<GridCase> {};

@@ -1,23 +1,27 @@
-// The fp8_e4m3 decode kernel for tiles of 17-64 rows (128-head models run two 64-row tiles per
-// request), warp-specialized so that the tensor cores work while the ALUs convert. One CTA of
-// two warpgroups per WorkTile, one CTA per SM; 64-token blocks in two fp16 tiles:
-//   * warpgroup 1 loads block b + 2's tokens from global memory into registers (72 bytes a
-//     thread: 256 bytes in a row per warp load where the block lies in one page of fused tokens,
-//     else 64 bytes of 8 tokens), converts block b + 1's (one cvt.rn.f16x2.e4m3x2 per pair,
-//     exact) into the free tile, and multiplies O[:, 256:512] += P V with P read from shared
-//     memory;
+// The warp-specialized decode kernel for tiles of 17-64 rows (128-head models run two 64-row
+// tiles per request), for fp8_e4m3 and bf16 caches, so that the tensor cores work while the other
+// warpgroup fetches. One CTA of two warpgroups per WorkTile, one CTA per SM; 64-token blocks in
+// two 16-bit tiles (nine 128-byte-swizzled panels of 64 dims, read as K by S and as V by P V):
+//   * warpgroup 1 fetches and multiplies O[:, 256:512] += P V with P read from shared memory.
+//     fp8_e4m3: it loads block b + 2's tokens into registers (72 bytes a thread: 256 bytes in a
+//     row per warp load where the block lies in one page of fused tokens, else 64 bytes of 8
+//     tokens) and converts block b + 1's (one cvt.rn.f16x2.e4m3x2 per pair, exact) into the free
+//     tile. bf16: cp.async copies block b + 2 straight into the tile block b leaves (4 tokens x
+//     128 bytes a warp instruction), and block b + 1 is published while its P V of block b runs;
 //   * warpgroup 0 computes S = Q K^T for all 64 tokens (m64n64k16: Q read once per 64 tokens),
-//     the online softmax, writes P (fp16) into the tile's rope panel (dead once S has read it)
-//     and the rows' rescale factors, and multiplies O[:, 0:256] += P V with P in registers.
-// So the conversion of block b + 1 runs while warpgroup 0 computes S of block b. No staging
-// buffers: Q (73.7 KB) and two 64-token fp16 tiles (73.7 KB each) fill shared memory. Three
-// mbarrier pairs hand the tiles over: full (1 -> 0: converted), ready (0 -> 1: P and the factors
-// written), free (0 -> 1: S and warpgroup 0's P V of the tile done). The L1 data pipe (shared-
-// memory operands, loads, conversion stores) and the loads' latency (one block in flight, in
-// registers) bound it (bench/NOTES.md v25: 64/128/4096 209 -> 168 us at page 64).
-// Q is fp16, scaled per row by a power of two (wg::load_q), with q_pe times kpe_scale /
+//     the online softmax, writes P (the tile's type) into the tile's rope panel (dead once S has
+//     read it) and the rows' rescale factors, and multiplies O[:, 0:256] += P V with P in
+//     registers.
+// No staging buffers: Q (73.7 KB) and two 64-token tiles (73.7 KB each) fill shared memory.
+// Three mbarrier pairs hand the tiles over: full (1 -> 0: the block is in), ready (0 -> 1: P and
+// the factors written), free (0 -> 1: warpgroup 0's S and P V of the tile done; bf16: at once
+// when the next block is not in yet, so two blocks' copies can be in flight). fp8: the L1 data
+// pipe (shared-memory operands, loads, conversion stores) and the loads' latency (one block in
+// flight, in registers) bound it; bf16: the copies landing within S and the softmax of the block
+// before (bench/NOTES.md v25, v25f, v26-v26c).
+// fp8 Q is fp16, scaled per row by a power of two (wg::load_q), with q_pe times kpe_scale /
 // ckv_scale before its rounding: exact when the two scales are equal (fp8mla's caches, SGLang's
-// pools), otherwise one fp16 rounding (2^-11 relative) of q_pe.
+// pools), otherwise one fp16 rounding (2^-11 relative) of q_pe. bf16 Q is used as given.
 #pragma once
 
 #include <cstdint>
@@ -29,16 +33,17 @@
 
 namespace fp8mla::detail {
 
-namespace wgfp8 {
+namespace ws {
 
 inline constexpr int kN = 64;  // cache tokens per block
 inline constexpr int kPanel = kN * 128;
 inline constexpr int kTileBytes = 9 * kPanel;
 
+template <bool kBf16Cache>
 struct Layout {
-  static constexpr bool kBf16 = false;  // load_q: fp16 Q rows scaled by 2^e
+  static constexpr bool kBf16 = kBf16Cache;  // load_q: bf16 Q as given, else fp16 scaled by 2^e
   static constexpr int kQ = 0;
-  static constexpr int kTile = kQ + 9 * wg::kQPanel;          // [2] fp16 tiles
+  static constexpr int kTile = kQ + 9 * wg::kQPanel;          // [2] 16-bit tiles
   static constexpr int kFlags = kTile + 2 * kTileBytes;       // [tile][token] present
   static constexpr int kFactor = kFlags + 2 * kN;             // [tile][row] O's rescale factor
   static constexpr int kStats = kFactor + 2 * wg::kRows * 4;  // [row] max, sum at the end
@@ -83,7 +88,7 @@ __device__ __forceinline__ void load_share(const DecodeParams& p, const WorkTile
 
 // The loaded share converted into tile `tile` (fp16, swizzled panels) and its flags.
 __device__ __forceinline__ void store_share(const Share& sh, std::uint8_t* smem, int tile) {
-  using L = Layout;
+  using L = Layout<false>;
   const int cc = threadIdx.x % 32 / 8;
   std::uint8_t* dst = smem + L::kTile + tile * kTileBytes;
 #pragma unroll
@@ -104,27 +109,38 @@ __device__ __forceinline__ void store_share(const Share& sh, std::uint8_t* smem,
   }
 }
 
-// Blocks whose 64 tokens lie in a row of one page with fused 576-byte tokens (dense page tables,
-// pages of >= 64 tokens, fp8mla's and SGLang's pools): warpgroup 1 reads the block's 36,864
-// bytes as 8-byte units i = 128 k + u (thread u, k = 0..35), so a warp's load is 256 bytes in a
-// row (2 L1 wavefronts; the per-token loads above cost ~21 per 512 bytes, bench/NOTES.md v25).
-// Unit i is token i / 72, 8-byte unit w = i % 72 of it: panel w / 8, 16-byte unit w % 8 of the
-// row, so 8 consecutive threads store one row's 8 units of a panel (conflict-free). Unit i + 1152
-// is 16 tokens further: the same place 2048 bytes on, so 9 addresses serve all 36.
+// Blocks whose 64 tokens lie in a row of one page with fused tokens (kCkv + 64 x the element
+// size: 576 bytes fp8, 1152 bf16) (dense page tables, pages of >= 64 tokens, fp8mla's and
+// SGLang's pools): one page-table entry a block, and every byte's address a constant offset from
+// the block's first token. fp8: warpgroup 1 reads the block's 36,864 bytes as 8-byte units i =
+// 128 k + u (thread u, k = 0..35), so a warp's load is 256 bytes in a row (2 L1 wavefronts; the
+// per-token loads above cost ~21 per 512 bytes, bench/NOTES.md v25). Unit i is token i / 72,
+// 8-byte unit w = i % 72 of it: panel w / 8, 16-byte unit w % 8 of the row, so 8 consecutive
+// threads store one row's 8 units of a panel (conflict-free). Unit i + 1152 is 16 tokens
+// further: the same place 2048 bytes on, so 9 addresses serve all 36.
+template <bool kBf16>
 __device__ __forceinline__ bool contiguous_blocks(const DecodeParams& p, const WorkTile& t) {
-  return p.topk == 0 && p.page_shift >= 6 && (t.kv_begin & (kN - 1)) == 0 && p.kpe == p.ckv + 512 &&
-         p.ckv_token_stride == 576 && p.kpe_token_stride == 576 &&
+  constexpr int kCkv = kBf16 ? 1024 : 512, kToken = kCkv + (kBf16 ? 128 : 64);
+  return p.topk == 0 && p.page_shift >= 6 && (t.kv_begin & (kN - 1)) == 0 &&
+         p.kpe == p.ckv + kCkv && p.ckv_token_stride == kToken && p.kpe_token_stride == kToken &&
          p.kpe_page_stride == p.ckv_page_stride;
+}
+
+// The address of block `blk`'s first token in a contiguous tile (e: its page).
+__device__ __forceinline__ const std::uint8_t* block_base(const DecodeParams& p, const WorkTile& t,
+                                                          int blk, std::int32_t e,
+                                                          int token_bytes) {
+  const int j0 = t.kv_begin + blk * kN;
+  return p.ckv + static_cast<std::int64_t>(e) * p.ckv_page_stride +
+         static_cast<std::int64_t>(j0 & ((1 << p.page_shift) - 1)) * token_bytes;
 }
 
 // Loads block `blk` of a contiguous tile (e: its page, loaded a block earlier) into sh.v (unit
 // k in half k % 2 of sh.v[k / 2]); units of tokens past the tile are zeros.
 __device__ __forceinline__ void load_block_units(const DecodeParams& p, const WorkTile& t, int blk,
                                                  std::int32_t e, Share& sh) {
-  const int j0 = t.kv_begin + blk * kN;
-  const std::uint8_t* base = p.ckv + static_cast<std::int64_t>(e) * p.ckv_page_stride +
-                             static_cast<std::int64_t>(j0 & ((1 << p.page_shift) - 1)) * 576;
-  const int u = threadIdx.x % 128, lim = 72 * min(kN, t.kv_end - j0);
+  const std::uint8_t* base = block_base(p, t, blk, e, 576);
+  const int u = threadIdx.x % 128, lim = 72 * min(kN, t.kv_end - t.kv_begin - blk * kN);
   std::uint32_t* v = &sh.v[0][0].x;
 #pragma unroll
   for (int k = 0; k < 36; ++k) {
@@ -138,7 +154,7 @@ __device__ __forceinline__ void load_block_units(const DecodeParams& p, const Wo
 // The units converted into tile `tile` with the flags of the tile's tokens (kv_end bounds them).
 __device__ __forceinline__ void store_block_units(const Share& sh, std::uint8_t* smem, int tile,
                                                   int valid) {
-  using L = Layout;
+  using L = Layout<false>;
   const int u = threadIdx.x % 128;
   if (u < kN) smem[L::kFlags + tile * kN + u] = u < valid ? 1 : 0;
   std::uint8_t* dst = smem + L::kTile + tile * kTileBytes;
@@ -158,12 +174,60 @@ __device__ __forceinline__ void store_block_units(const Share& sh, std::uint8_t*
   }
 }
 
-}  // namespace wgfp8
+// bf16 caches: block `blk` copied by cp.async straight into tile `tile` with its flags: thread u
+// copies 16-byte unit u % 8 of the nine panel rows of tokens u / 8 + 16 j (j = 0..3), so a warp
+// instruction reads 4 tokens x 128 bytes; in a contiguous tile (e[0]: the block's page) every
+// source is a constant offset from one address, otherwise (e[j]: token j's entry) from one per
+// token. The 36 copies' shared addresses are constant offsets from one (token + 16 j: 2048 bytes
+// on, the same swizzle). v26 computed each copy's addresses in full: ~540 instructions a warp
+// and block, half of warpgroup 1's time (bench/NOTES.md v26b). A skipped token or one past the
+// tile is zero-filled (the source p.ckv + offset < 1152: mapped, not read) and flagged 0. One
+// commit group.
+__device__ __forceinline__ int copy_token(int j) {
+  return threadIdx.x % 128 / 8 + 16 * j;
+}
+__device__ __forceinline__ void copy_bf16_block(const DecodeParams& p, const WorkTile& t, int blk,
+                                                const std::int32_t (&e)[4], bool contig,
+                                                std::uint8_t* smem, int tile) {
+  using L = Layout<true>;
+  const int sub = threadIdx.x % 8;
+  const std::uint32_t dst =
+      smem_addr(smem + L::kTile + tile * kTileBytes) + sw128(copy_token(0), 16 * sub);
+  const int valid_tokens = min(kN, t.kv_end - t.kv_begin - blk * kN);
+  const std::uint8_t* base =
+      contig ? block_base(p, t, blk, e[0], 1152) + 1152 * copy_token(0) : nullptr;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int tok = copy_token(j);
+    const std::uint8_t *ckv, *kpe;
+    bool valid;
+    if (contig) {
+      valid = tok < valid_tokens;
+      ckv = base + 1152 * 16 * j;
+      kpe = ckv + 1024;
+    } else {
+      const decode::TokenAddr a =
+          decode::slot_addr(p, decode::entry_slot_of<kN>(p, t, blk, e[j], tok));
+      valid = a.ckv != nullptr;
+      ckv = a.ckv, kpe = a.kpe;
+    }
+    if (!valid) ckv = kpe = p.ckv;
+    if (sub == 0) smem[L::kFlags + tile * kN + tok] = valid ? 1 : 0;
+    const int bytes = valid ? 16 : 0;
+#pragma unroll
+    for (int i = 0; i < 9; ++i)
+      cp_async_16(dst + 2048 * j + i * kPanel, (i < 8 ? ckv + 128 * i : kpe) + 16 * sub, bytes);
+  }
+  cp_async_commit();
+}
 
+}  // namespace ws
+
+template <bool kBf16>
 __global__ void __launch_bounds__(wg::kThreads, 1)
-    mla_decode_wgmma_fp8_kernel(const DecodeParams p) {
-  using namespace wgfp8;
-  using L = wgfp8::Layout;
+    mla_decode_wgmma_ws_kernel(const DecodeParams p) {
+  using namespace ws;
+  using L = ws::Layout<kBf16>;
   DeviceTile tile;
   if (!decode::load_tile(p, tile)) return;
   pdl_launch_dependents();
@@ -184,25 +248,33 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
     fence_mbar_init();
   }
 
-  // Warpgroup 1 starts block 0's loads (and block 1's entries) before Q. Entries are loaded a
-  // block before their use (decode::token_entry_of).
+  // Warpgroup 1 starts block 0's loads (fp8) or blocks 0 and 1's copies (bf16) before Q. Entries
+  // are loaded a block before their use (decode::token_entry_of): fp8 per token e[0..1], bf16
+  // e[0..3] (one per block, e[0], for contiguous blocks).
+  constexpr int kEntries = kBf16 ? 4 : 2;
   Share sh;
-  std::int32_t e[2] = {0, 0};
-  const bool contig = contiguous_blocks(p, t);  // the same for the whole CTA
+  std::int32_t e[kEntries] = {};
+  const bool contig = contiguous_blocks<kBf16>(p, t);  // the same for the whole CTA
   auto entries = [&](int blk) {
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
-      e[j] = decode::token_entry_of<kN>(p, t, q_first, kv_base, blk, contig ? 0 : share_token(j));
+    for (int j = 0; j < kEntries; ++j) {
+      if (j > 0 && contig) break;
+      const int tok = contig ? 0 : kBf16 ? copy_token(j) : share_token(j);
+      e[j] = decode::token_entry_of<kN>(p, t, q_first, kv_base, blk, tok);
+    }
   };
-  auto load_ahead = [&](int blk) {  // block blk's loads; the entries move on by a block
-    if (contig) {
-      load_block_units(p, t, blk, e[0], sh);
-    } else {
-      load_share(p, t, blk, e, sh);
+  // fp8: block blk's loads into sh, and its conversion into tile `tile`; the entries move on
+  // by a block.
+  auto load_ahead = [&](int blk) {
+    if constexpr (!kBf16) {
+      if (contig) {
+        load_block_units(p, t, blk, e[0], sh);
+      } else {
+        load_share(p, t, blk, e, sh);
+      }
     }
     entries(blk + 1);
   };
-  // Block blk's loaded share converted into tile `tile`.
   auto store = [&](int blk, int tile) {
     if (contig) {
       store_block_units(sh, smem, tile, min(kN, t.kv_end - t.kv_begin - blk * kN));
@@ -210,9 +282,19 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
       store_share(sh, smem, tile);
     }
   };
+  // bf16: block blk's copies into tile blk % 2; the entries move on by a block.
+  auto copy = [&](int blk) {
+    if constexpr (kBf16) copy_bf16_block(p, t, blk, e, contig, smem, blk & 1);
+    entries(blk + 1);
+  };
   if (group == 1 && n_blocks > 0) {
     entries(0);
-    load_ahead(0);
+    if constexpr (kBf16) {
+      copy(0);
+      if (n_blocks > 1) copy(1);
+    } else {
+      load_ahead(0);
+    }
   }
   wg::load_q<L>(p, t, q_first, p.scale_pe / p.scale_nope, smem);  // ends with a barrier
 
@@ -228,18 +310,26 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
   float row_sum[2] = {0.0f, 0.0f};  // warpgroup 0: this thread's columns, summed over the quad
 
   if (group == 1) {
-    // ---- warpgroup 1: convert one block ahead, then P V of the current block ----
+    // ---- warpgroup 1: fetch ahead, then P V of the current block ----
     if (n_blocks > 0) {
-      store(0, 0);
-      fence_proxy_async();
+      if constexpr (kBf16) {
+        if (n_blocks > 1) {
+          cp_async_wait<1>();  // block 0's group
+        } else {
+          cp_async_wait<0>();
+        }
+      } else {
+        store(0, 0);
+      }
+      fence_proxy_async();  // cp.async and st.shared are generic-proxy writes; wgmma reads async
       mbar_arrive(full);
-      if (n_blocks > 1) load_ahead(1);
+      if (!kBf16 && n_blocks > 1) load_ahead(1);
     }
     // P: 64 rows x 64 tokens in the tile's rope panel, K-major (one 128-byte swizzled panel).
     const std::uint64_t dp = wgmma_desc(tiles + 8 * kPanel, 16, 1024);
     for (int blk = 0; blk < n_blocks; ++blk) {
       const int s = blk & 1;
-      if (blk + 1 < n_blocks) {
+      if (!kBf16 && blk + 1 < n_blocks) {
         // Tile s ^ 1 held block blk - 1: warpgroup 0 is done with it, and this warpgroup's
         // P V of it completed at the end of the last iteration.
         if (blk >= 1) mbar_wait(freed + 8 * (s ^ 1), ((blk - 1) >> 1) & 1);
@@ -258,12 +348,22 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
       for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
         for (int c = 0; c < 4; ++c)
-          wgmma_64x64x16_ss<1, false>(o[c], desc_add(dp, off + 32 * kk),
+          wgmma_64x64x16_ss<1, kBf16>(o[c], desc_add(dp, off + 32 * kk),
                                       desc_add(dv, off + c * kPanel + kk * 2048), 1);
       wgmma_commit();
+      if (kBf16 && blk + 1 < n_blocks) {
+        cp_async_wait<0>();  // block blk + 1, copied a block ago, is in
+        fence_proxy_async();
+        mbar_arrive(full + 8 * (s ^ 1));
+      }
       wgmma_wait<0>();
 #pragma unroll
       for (int c = 0; c < 4; ++c) wgmma_fence_operand(o[c]);
+      if (kBf16 && blk + 2 < n_blocks) {
+        // Tile s: warpgroup 0's P V of block blk has completed too.
+        mbar_wait(freed + 8 * s, (blk >> 1) & 1);
+        copy(blk + 2);
+      }
     }
   } else {
     // ---- warpgroup 0: S, softmax, P for both warpgroups, P V of its half ----
@@ -277,22 +377,33 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
     for (int blk = 0; blk < n_blocks; ++blk) {
       const int s = blk & 1;
       const auto off = static_cast<std::uint32_t>(__shfl_sync(0xffffffffu, s * kTileBytes, 0));
+      bool released = false;
+      if (kBf16 && blk >= 1 &&
+          !__shfl_sync(0xffffffffu, mbar_test(full + 8 * s, (blk >> 1) & 1), 0)) {
+        // The block is not in: release tile s ^ 1 once P V(blk - 1) completes rather than after
+        // S(blk) issues, so that warpgroup 1's next copy need not wait for this one to land.
+        wgmma_wait<0>();
+        mbar_arrive(freed + 8 * (s ^ 1));
+        released = true;
+      }
       mbar_wait(full + 8 * s, (blk >> 1) & 1);
       float sacc[32];
       wgmma_fence();
 #pragma unroll
       for (int k = 0; k < 36; ++k)
-        wgmma_64x64x16_ss<0, false>(sacc, desc_add(dq, (k / 4) * wg::kQPanel + 32 * (k % 4)),
+        wgmma_64x64x16_ss<0, kBf16>(sacc, desc_add(dq, (k / 4) * wg::kQPanel + 32 * (k % 4)),
                                     desc_add(dk, off + (k / 4) * kPanel + 32 * (k % 4)), k > 0);
       wgmma_commit();
-      wgmma_wait<0>();  // S, and the last block's P V
+      if (blk >= 1 && !released) {
+        // This warpgroup's P V of block blk - 1 has completed: tile s ^ 1 is free of it (its S
+        // completed before that P V), and warpgroup 1 refills it once its own P V is done too.
+        wgmma_wait<1>();
+        mbar_arrive(freed + 8 * (s ^ 1));
+      }
+      wgmma_wait<0>();  // S
       wgmma_fence_operand(sacc);
 #pragma unroll
       for (int c = 0; c < 4; ++c) wgmma_fence_operand(o[c]);
-      // This warpgroup is done with tile s ^ 1 (block blk - 1: its S, and its P V, which
-      // completed before this S): warpgroup 1 converts block blk + 1 into it once its own P V
-      // of block blk - 1 has completed too.
-      if (blk >= 1) mbar_arrive(freed + 8 * (s ^ 1));
 
       const std::uint8_t* fl = smem + L::kFlags + s * kN;
       const uint4* f4 = reinterpret_cast<const uint4*>(fl);
@@ -316,7 +427,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
       std::uint8_t* pt = smem + L::kTile + s * kTileBytes + 8 * kPanel;
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
-        wg::p_frags<false>(pa[kk], sacc, kk, sc, pbase);
+        wg::p_frags<kBf16>(pa[kk], sacc, kk, sc, pbase);
 #pragma unroll
         for (int j = 0; j < 4; ++j)
           *reinterpret_cast<std::uint32_t*>(
@@ -332,10 +443,10 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
       for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
         for (int c = 0; c < 4; ++c)
-          wgmma_64x64x16_rs<1, false>(o[c], pa[kk], desc_add(dv, off + c * kPanel + kk * 2048), 1);
+          wgmma_64x64x16_rs<1, kBf16>(o[c], pa[kk], desc_add(dv, off + c * kPanel + kk * 2048), 1);
       wgmma_commit();
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) wg::add_sums<false>(row_sum, pa[kk]);
+      for (int kk = 0; kk < 4; ++kk) wg::add_sums<kBf16>(row_sum, pa[kk]);
     }
     wgmma_wait<0>();
 #pragma unroll
