@@ -68,15 +68,36 @@ __device__ __forceinline__ int share_token(int j) {
   return 16 * (threadIdx.x % 128 / 32) + 8 * j + threadIdx.x % 8;
 }
 
+// Pools whose tokens are fused rows of kToken bytes (kpe after ckv: 576 fp8, 1152 bf16) and whose
+// pages lie back to back (fp8mla's and SGLang's pools): a token's row is slot x kToken bytes in,
+// one multiply instead of decode::slot_addr's two 64-bit products a pointer.
+template <int kToken>
+__device__ __forceinline__ bool fused_pool(const DecodeParams& p) {
+  return p.kpe == p.ckv + kToken / 9 * 8 && p.ckv_token_stride == kToken &&
+         p.kpe_token_stride == kToken && p.kpe_page_stride == p.ckv_page_stride &&
+         p.ckv_page_stride == (std::int64_t{kToken} << p.page_shift);
+}
+
+// Token `tok`'s ckv and kpe (nullptr when absent) from its entry e.
+template <int kToken>
+__device__ __forceinline__ decode::TokenAddr token_addr(const DecodeParams& p, const WorkTile& t,
+                                                        int blk, std::int32_t e, int tok,
+                                                        bool fused) {
+  const std::int64_t slot = decode::entry_slot_of<kN>(p, t, blk, e, tok);
+  if (!fused) return decode::slot_addr(p, slot);
+  if (slot < 0) return {nullptr, nullptr};
+  const std::uint8_t* ckv = p.ckv + slot * kToken;
+  return {ckv, ckv + kToken / 9 * 8};  // ckv: 8 of the 9 64-dim parts
+}
+
 // Loads block `blk` (entries e: the page-table or index entries of the two tokens, loaded a
 // block earlier); absent tokens hold zeros.
 __device__ __forceinline__ void load_share(const DecodeParams& p, const WorkTile& t, int blk,
-                                           const std::int32_t (&e)[2], Share& sh) {
+                                           const std::int32_t (&e)[2], bool fused, Share& sh) {
   const int cc = threadIdx.x % 32 / 8;
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
-    const decode::TokenAddr a =
-        decode::slot_addr(p, decode::entry_slot_of<kN>(p, t, blk, e[j], share_token(j)));
+    const decode::TokenAddr a = token_addr<576>(p, t, blk, e[j], share_token(j), fused);
     sh.ok[j] = a.ckv != nullptr;
 #pragma unroll
     for (int k = 0; k < 9; ++k) {
@@ -187,7 +208,7 @@ __device__ __forceinline__ int copy_token(int j) {
   return threadIdx.x % 128 / 8 + 16 * j;
 }
 __device__ __forceinline__ void copy_bf16_block(const DecodeParams& p, const WorkTile& t, int blk,
-                                                const std::int32_t (&e)[4], bool contig,
+                                                const std::int32_t (&e)[4], bool contig, bool fused,
                                                 std::uint8_t* smem, int tile) {
   using L = Layout<true>;
   const int sub = threadIdx.x % 8;
@@ -206,8 +227,7 @@ __device__ __forceinline__ void copy_bf16_block(const DecodeParams& p, const Wor
       ckv = base + 1152 * 16 * j;
       kpe = ckv + 1024;
     } else {
-      const decode::TokenAddr a =
-          decode::slot_addr(p, decode::entry_slot_of<kN>(p, t, blk, e[j], tok));
+      const decode::TokenAddr a = token_addr<1152>(p, t, blk, e[j], tok, fused);
       valid = a.ckv != nullptr;
       ckv = a.ckv, kpe = a.kpe;
     }
@@ -254,7 +274,9 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
   constexpr int kEntries = kBf16 ? 4 : 2;
   Share sh;
   std::int32_t e[kEntries] = {};
-  const bool contig = contiguous_blocks<kBf16>(p, t);  // the same for the whole CTA
+  constexpr int kToken = kBf16 ? 1152 : 576;           // bytes of a fused token
+  const bool contig = contiguous_blocks<kBf16>(p, t);  // these two the same for the whole CTA
+  const bool fused = fused_pool<kToken>(p);
   auto entries = [&](int blk) {
 #pragma unroll
     for (int j = 0; j < kEntries; ++j) {
@@ -270,7 +292,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
       if (contig) {
         load_block_units(p, t, blk, e[0], sh);
       } else {
-        load_share(p, t, blk, e, sh);
+        load_share(p, t, blk, e, fused, sh);
       }
     }
     entries(blk + 1);
@@ -284,7 +306,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
   };
   // bf16: block blk's copies into tile blk % 2; the entries move on by a block.
   auto copy = [&](int blk) {
-    if constexpr (kBf16) copy_bf16_block(p, t, blk, e, contig, smem, blk & 1);
+    if constexpr (kBf16) copy_bf16_block(p, t, blk, e, contig, fused, smem, blk & 1);
     entries(blk + 1);
   };
   if (group == 1 && n_blocks > 0) {

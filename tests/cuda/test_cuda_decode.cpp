@@ -229,9 +229,11 @@ const GridCase kGrid[] = {
     {F8, 16, 64, 3, 1, 2, true, 1, 600, FU, 0.03125f, 32.0f},
     {F8, 16, 64, 3, 1, 2, true, 1, 600, FU, 1e-3f, 1e3f},
     // 17-64-row bf16 tiles at page 64: ragged lengths from 0 (odd and even block counts), and
-    // 32 heads x 2 query tokens on the split layout
+    // 32 heads x 2 query tokens on the split layout; page 1 on the fused layout (one multiply a
+    // token's address)
     {BF, 128, 64, 3, 1, 1, false, 0, 700, FU, 1.0f, 1.0f},
     {BF, 32, 64, 3, 1, 2, true, 1, 900, SP, 1.0f, 1.0f},
+    {BF, 64, 1, 3, 1, 1, false, 0, 600, FU, 1.0f, 1.0f},
 };
 
 class CudaDecodeGrid : public ::testing::TestWithParam<GridCase> {};
