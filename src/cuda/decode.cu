@@ -142,9 +142,8 @@ constexpr int row_tile_index(int mt) {
   return mt == 1 ? 0 : mt == 2 ? 1 : 2;
 }
 // Tiles of 17-64 rows (two or four m-tiles) of fp8_e4m3 and bf16 caches run the warp-specialized
-// wgmma kernel (decode_wgmma_ws_kernel.cuh); fp8_e4m3 with
-// <= 16 rows has the fragment kernel (decode_fp8_kernel.cuh); the rest (the block format, bf16
-// <= 16 rows) the shared-tile kernel.
+// wgmma kernel (decode_wgmma_ws_kernel.cuh); fp8_e4m3 with <= 16 rows has the fragment kernel
+// (decode_fp8_kernel.cuh); the rest (the block format, bf16 <= 16 rows) the shared-tile kernel.
 const std::array<std::array<KernelEntry, 3>, 3> kDecodeKernels = {{
     {entry<KvFormat::bf16, 1>(), ws_entry<true>(), ws_entry<true>()},
     {KernelEntry{&mla_decode_fp8_kernel, fp8frag::kSmemBytes}, ws_entry<false>(),
