@@ -90,6 +90,11 @@ __device__ __forceinline__ decode::TokenAddr token_addr(const DecodeParams& p, c
   return {ckv, ckv + kToken / 9 * 8};  // ckv: 8 of the 9 64-dim parts
 }
 
+// Tokens of block `blk` inside the tile (kN but for the last block).
+__device__ __forceinline__ int block_tokens(const WorkTile& t, int blk) {
+  return min(kN, t.kv_end - t.kv_begin - blk * kN);
+}
+
 // Loads block `blk` (entries e: the page-table or index entries of the two tokens, loaded a
 // block earlier); absent tokens hold zeros.
 __device__ __forceinline__ void load_share(const DecodeParams& p, const WorkTile& t, int blk,
@@ -161,7 +166,7 @@ __device__ __forceinline__ const std::uint8_t* block_base(const DecodeParams& p,
 __device__ __forceinline__ void load_block_units(const DecodeParams& p, const WorkTile& t, int blk,
                                                  std::int32_t e, Share& sh) {
   const std::uint8_t* base = block_base(p, t, blk, e, 576);
-  const int u = threadIdx.x % 128, lim = 72 * min(kN, t.kv_end - t.kv_begin - blk * kN);
+  const int u = threadIdx.x % 128, lim = 72 * block_tokens(t, blk);
   std::uint32_t* v = &sh.v[0][0].x;
 #pragma unroll
   for (int k = 0; k < 36; ++k) {
@@ -214,7 +219,7 @@ __device__ __forceinline__ void copy_bf16_block(const DecodeParams& p, const Wor
   const int sub = threadIdx.x % 8;
   const std::uint32_t dst =
       smem_addr(smem + L::kTile + tile * kTileBytes) + sw128(copy_token(0), 16 * sub);
-  const int valid_tokens = min(kN, t.kv_end - t.kv_begin - blk * kN);
+  const int valid_tokens = block_tokens(t, blk);
   const std::uint8_t* base =
       contig ? block_base(p, t, blk, e[0], 1152) + 1152 * copy_token(0) : nullptr;
 #pragma unroll
@@ -299,7 +304,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
   };
   auto store = [&](int blk, int tile) {
     if (contig) {
-      store_block_units(sh, smem, tile, min(kN, t.kv_end - t.kv_begin - blk * kN));
+      store_block_units(sh, smem, tile, block_tokens(t, blk));
     } else {
       store_share(sh, smem, tile);
     }
