@@ -47,6 +47,24 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// Warpgroup register reallocation (sm_90a, all 128 threads of a warpgroup): a producer
+// warpgroup gives registers back, consumers take them; the CTA's pool is the launch's count
+// (__launch_bounds__) times its threads, so the counts must add up to no more than that.
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+// A barrier of `threads` threads (whole warps) on hardware barrier `id` (0 is __syncthreads').
+// barrier.sync, not bar.sync: the warps may reach it from different instructions (role branches
+// of a warp-specialized kernel); bar.sync promises one instruction (synccheck flags it).
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // mbarriers and bulk copies (sm_90): the TMA engine copies contiguous global bytes (16-byte
 // aligned, a multiple of 16) into shared memory and counts them on an mbarrier, whose phase
 // completes once its arrivals and the expected bytes are all in.
@@ -123,6 +141,15 @@ __device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const v
                : "r"(smem_addr(smem)));
 }
 
+// stmatrix: four 8x8 b16 matrices from the mma fragment registers (lanes 8 m .. 8 m + 7 give
+// matrix m's row addresses, as ldmatrix's).
+__device__ __forceinline__ void stmatrix_x4(void* smem, const std::uint32_t (&r)[4]) {
+  asm volatile(
+      "stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(smem_addr(smem)),
+      "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+      : "memory");
+}
+
 // D = A * B + D, m16n8k16, fp32 accumulators; inputs bf16 (kBf16) or fp16.
 #define FP8MLA_MMA_16816(TY)                                                  \
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TY "." TY             \
@@ -169,9 +196,10 @@ __device__ __forceinline__ std::uint32_t float2_to_half2(float lo, float hi) {
   const __half2 v = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<const std::uint32_t*>(&v);
 }
-// Both halves of a bf16x2 word as floats.
+// Both halves of a bf16x2 word as floats: a bf16 is a float's high half (a shift and a mask;
+// __bfloat1622float2 spends a PRMT on each).
 __device__ __forceinline__ float2 bf16x2_to_float2(std::uint32_t v) {
-  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+  return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
 }
 
 // Programmatic dependent launch: the split-KV merge is launched as a dependent of the decode

@@ -129,6 +129,8 @@ using DecodeFn = void (*)(const DecodeParams);
 struct KernelEntry {
   DecodeFn fn;
   int smem;
+  int threads = decode::kThreads;
+  int regs = 0;  // > 0: the register count the kernel's setmaxnreg split assumes
 };
 template <KvFormat F, int MT>
 constexpr KernelEntry entry() {
@@ -136,7 +138,8 @@ constexpr KernelEntry entry() {
 }
 template <bool kBf16>
 constexpr KernelEntry ws_entry() {
-  return {&mla_decode_wgmma_ws_kernel<kBf16>, ws::Layout<kBf16>::kSmemBytes};
+  return {&mla_decode_wgmma_ws_kernel<kBf16>, ws::Layout<kBf16>::kSmemBytes, ws::kThreads,
+          ws::kLaunchRegs};
 }
 constexpr int row_tile_index(int mt) {
   return mt == 1 ? 0 : mt == 2 ? 1 : 2;
@@ -214,7 +217,9 @@ void encode_page_map(TensorMap& map, const void* base, std::uint64_t bytes, int 
             token_stride, " and page stride ", page_stride, " bytes"));
 }
 
-// Raises each kernel's dynamic shared-memory limit once per process (and device).
+// Raises each kernel's dynamic shared-memory limit once per process (and device), and checks
+// that a kernel with a setmaxnreg split got the register count the split adds up to (fewer
+// would leave its consumers waiting for registers that never come).
 void prepare(const KernelEntry& k) {
   static std::mutex mu;
   static std::array<const void*, 16> done{};
@@ -223,6 +228,16 @@ void prepare(const KernelEntry& k) {
     if (d == reinterpret_cast<const void*>(k.fn)) return;
   FP8MLA_CUDA_CHECK(
       cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
+  if (k.regs > 0) {
+    cudaFuncAttributes a{};
+    FP8MLA_CUDA_CHECK(cudaFuncGetAttributes(&a, k.fn));
+    if (a.numRegs != k.regs)
+      throw Error(ErrorCode::cuda_error, "decode kernel",
+                  msg("built with ", a.numRegs,
+                      " registers a thread; its warpgroups' register "
+                      "split needs exactly ",
+                      k.regs));
+  }
   for (const void*& d : done)
     if (d == nullptr) {
       d = reinterpret_cast<const void*>(k.fn);
@@ -253,8 +268,7 @@ int cuda_ctas_per_sm(KvFormat format, int rows, int device_id) {
   const KernelEntry& k = decode_kernel(format, row_tiles_for(rows));
   prepare(k);
   int n = 0;
-  FP8MLA_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k.fn, decode::kThreads, k.smem));
+  FP8MLA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k.fn, k.threads, k.smem));
   return std::max(n, 1);
 }
 
@@ -327,7 +341,7 @@ void cuda_run(PlanState& plan, const RunArgs& args) {
   if (grid > 0) {
     const KernelEntry& k = decode_kernel(kv.format, b.row_tiles, tma);
     prepare(k);
-    k.fn<<<static_cast<unsigned>(grid), decode::kThreads, k.smem, stream>>>(p);
+    k.fn<<<static_cast<unsigned>(grid), k.threads, k.smem, stream>>>(p);
     FP8MLA_CUDA_CHECK_LAUNCH("mla_decode_kernel");
   }
   const std::int64_t merge_items = b.graph ? b.cap_merge : b.num_merge;

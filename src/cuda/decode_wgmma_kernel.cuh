@@ -1,11 +1,11 @@
 // The pieces the 17-64-row wgmma decode kernel (decode_wgmma_ws_kernel.cuh) is built from: Q's
 // load into swizzled panels, the online softmax on wgmma accumulator fragments (masks, row
 // maxima, P as A fragments, row sums, O's rescale) and the epilogue. A tile is 64 query rows
-// (heads x query tokens; 128-head models run two tiles per request) in one CTA of two
-// warpgroups; warpgroup g owns output dims [256 g, 256 g + 256) (128 fp32 accumulators per
-// thread). mma.sync reached 19% of the matmul ceiling on these tiles with 8 warps per SM
-// (bench/NOTES.md v7); wgmma reads its operands from shared memory without per-thread fragment
-// loads.
+// (heads x query tokens; 128-head models run two tiles per request) in two consumer warpgroups
+// of a CTA (a third fetches the cache); warpgroup g owns output dims [256 g, 256 g + 256) (128
+// fp32 accumulators per thread). mma.sync reached 19% of the matmul ceiling on these tiles with
+// 8 warps per SM (bench/NOTES.md v7); wgmma reads its operands from shared memory without
+// per-thread fragment loads.
 #pragma once
 
 #include <cstdint>
@@ -21,11 +21,13 @@ namespace wg {
 inline constexpr int kThreads = 256;
 inline constexpr int kRows = 64;
 inline constexpr int kQPanel = kRows * 128;  // 64 q rows x 64 16-bit dims, swizzled
+inline constexpr int kConsumerBarrier = 1;   // threads 0-255, named barrier 1
 
 // Q rows into the nine swizzled panels at L::kQ (zero rows past the tile). fp8 caches: fp16,
 // each row scaled by 2^e (decode::q_row_exponent over its nope values and its ratio-scaled rope
 // values), L::kQInv = 2^-e; bf16 caches (L::kBf16): bf16 as given, kQInv = 1. L::kQAmax: 64
-// words of scratch. Ends with a barrier.
+// words of scratch. Run by the two consumer warpgroups (threads 0-255) alone: their barriers are
+// named barrier 1 (kConsumerBarrier), and it ends with one.
 template <class L>
 __device__ __forceinline__ void load_q(const DecodeParams& p, const WorkTile& t, int q_first,
                                        float ratio, std::uint8_t* smem) {
@@ -42,7 +44,7 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const WorkTile& t,
   float* inv = reinterpret_cast<float*>(smem + L::kQInv);
   if constexpr (!L::kBf16) {
     if (threadIdx.x < kRows) amax[threadIdx.x] = 0;
-    __syncthreads();
+    named_barrier_sync(kConsumerBarrier, kThreads);
     for (int i = threadIdx.x; i < kRows * 72; i += kThreads) {
       const int r = i / 72, c = i % 72;
       if (r >= rows) continue;
@@ -50,7 +52,7 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const WorkTile& t,
       if (c >= 64) m *= ratio;
       atomicMax(&amax[r], __float_as_uint(m));  // non-negative floats order as their bits
     }
-    __syncthreads();
+    named_barrier_sync(kConsumerBarrier, kThreads);
   }
   for (int i = threadIdx.x; i < kRows * 72; i += kThreads) {
     const int r = i / 72, c = i % 72;
@@ -67,7 +69,7 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const WorkTile& t,
     *reinterpret_cast<uint4*>(smem + L::kQ + (c / 8) * kQPanel + sw128(r, 16 * (c % 8))) = v;
   }
   fence_proxy_async();
-  __syncthreads();
+  named_barrier_sync(kConsumerBarrier, kThreads);
 }
 
 // The running row max moves only when a block's max exceeds it by more than 2^8 (log2 units):

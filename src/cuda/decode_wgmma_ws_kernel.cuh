@@ -1,24 +1,25 @@
 // The warp-specialized decode kernel for tiles of 17-64 rows (128-head models run two 64-row
-// tiles per request), for fp8_e4m3 and bf16 caches, so that the tensor cores work while the other
-// warpgroup fetches. One CTA of two warpgroups per WorkTile, one CTA per SM; 64-token blocks in
+// tiles per request), for fp8_e4m3 and bf16 caches, so that the tensor cores work while another
+// warpgroup fetches. One CTA of three warpgroups per WorkTile, one CTA per SM; 64-token blocks in
 // two 16-bit tiles (nine 128-byte-swizzled panels of 64 dims, read as K by S and as V by P V):
-//   * warpgroup 1 fetches and multiplies O[:, 256:512] += P V with P read from shared memory.
-//     fp8_e4m3: it loads block b + 2's tokens into registers (72 bytes a thread: 256 bytes in a
-//     row per warp load where the block lies in one page of fused tokens, else 64 bytes of 8
-//     tokens) and converts block b + 1's (one cvt.rn.f16x2.e4m3x2 per pair, exact) into the free
-//     tile. bf16: cp.async copies block b + 2 straight into the tile block b leaves (4 tokens x
-//     128 bytes a warp instruction), and block b + 1 is published while its P V of block b runs;
+//   * warpgroup 2 (the producer) fills tile b % 2 with block b once both consumers are done
+//     with block b - 2. fp8_e4m3: it loads a block's tokens into registers a block ahead (72
+//     bytes a thread: 256 bytes in a row per warp load where the block lies in one page of fused
+//     tokens, else 64 bytes of 8 tokens) and converts them (one cvt.rn.f16x2.e4m3x2 per pair,
+//     exact) into the tile. bf16: cp.async copies straight into the tile (4 tokens x 128 bytes a
+//     warp instruction), two blocks in flight;
 //   * warpgroup 0 computes S = Q K^T for all 64 tokens (m64n64k16: Q read once per 64 tokens),
 //     the online softmax, writes P (the tile's type) into the tile's rope panel (dead once S has
 //     read it) and the rows' rescale factors, and multiplies O[:, 0:256] += P V with P in
-//     registers.
+//     registers;
+//   * warpgroup 1 multiplies O[:, 256:512] += P V with P loaded from the rope panel.
 // No staging buffers: Q (73.7 KB) and two 64-token tiles (73.7 KB each) fill shared memory.
-// Three mbarrier pairs hand the tiles over: full (1 -> 0: the block is in), ready (0 -> 1: P and
-// the factors written), free (0 -> 1: warpgroup 0's S and P V of the tile done; bf16: at once
-// when the next block is not in yet, so two blocks' copies can be in flight). fp8: the L1 data
-// pipe (shared-memory operands, loads, conversion stores) and the loads' latency (one block in
-// flight, in registers) bound it; bf16: the copies landing within S and the softmax of the block
-// before (bench/NOTES.md v25, v25f, v26-v26c).
+// Three mbarrier pairs hand the tiles over: full (2 -> 0: the block is in), ready (0 -> 1: P and
+// the factors written), free (0 and 1 -> 2: S and both P V of the tile done; at once when the
+// next block is not in yet). What bounds it: each block's chain S -> softmax -> P V in
+// warpgroup 0, with the tensor cores idle during the softmax, and two tiles, so the next
+// block's S cannot start before this one's P V has freed the tile two back (bench/NOTES.md v25,
+// v25f, v26-v26c, v28).
 // fp8 Q is fp16, scaled per row by a power of two (wg::load_q), with q_pe times kpe_scale /
 // ckv_scale before its rounding: exact when the two scales are equal (fp8mla's caches, SGLang's
 // pools), otherwise one fp16 rounding (2^-11 relative) of q_pe. bf16 Q is used as given.
@@ -246,10 +247,28 @@ __device__ __forceinline__ void copy_bf16_block(const DecodeParams& p, const Wor
   cp_async_commit();
 }
 
+// P of block tile `tile` (64 rows x 64 tokens, 16-bit, in the tile's rope panel once S has read
+// it): the row address lane `lane` of warp `warp` gives ldmatrix / stmatrix for k-step kk, so that
+// the four 8x8 matrices are the A fragment pa[kk][0..3] (rows + 8 (j % 2), columns + 8 (j / 2)).
+__device__ __forceinline__ std::uint8_t* p_frag_addr(std::uint8_t* smem, int tile, int warp,
+                                                     int lane, int kk) {
+  const int row = 16 * warp + 8 * (lane / 8 % 2) + lane % 8, col = 16 * kk + 8 * (lane / 16);
+  return smem + Layout<false>::kTile + tile * kTileBytes + 8 * kPanel + sw128(row, 2 * col);
+}
+
+// Threads and registers: warpgroups 0 and 1 consume (S, softmax, P V), warpgroup 2 fetches.
+// The launch gives every thread kLaunchRegs (65,536 / 384, rounded down to 8); setmaxnreg then
+// moves them to where they are needed: warpgroup 0 holds O's half, S and P (216), warpgroup 1
+// O's half and P (176; 160 spilled), the producer one fp8 block's loads (112).
+inline constexpr int kThreads = 3 * 128;
+inline constexpr int kLaunchRegs = 168;
+inline constexpr int kRegs[3] = {216, 176, 112};
+static_assert(kRegs[0] + kRegs[1] + kRegs[2] <= 3 * kLaunchRegs, "register pool exceeded");
+
 }  // namespace ws
 
 template <bool kBf16>
-__global__ void __launch_bounds__(wg::kThreads, 1)
+__global__ void __launch_bounds__(ws::kThreads, 1)
     mla_decode_wgmma_ws_kernel(const DecodeParams p) {
   using namespace ws;
   using L = ws::Layout<kBf16>;
@@ -263,239 +282,238 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
   const int g = lane / 4;
   const int q_first = tile.q_first;
   const int n_blocks = (t.kv_end - t.kv_begin + kN - 1) / kN;
-  const std::int32_t kv_base = tile.kv_base;
-  std::uint8_t* full = smem + L::kBars;
-  std::uint8_t* ready = full + 16;
-  std::uint8_t* freed = ready + 16;
+  std::uint8_t* full = smem + L::kBars;  // producer -> warpgroup 0: the block is in
+  std::uint8_t* ready = full + 16;       // warpgroup 0 -> 1: P and the factors written
+  std::uint8_t* freed = ready + 16;      // warpgroups 0 and 1 -> producer: done with the tile
   float* factor = reinterpret_cast<float*>(smem + L::kFactor);
   if (threadIdx.x == 0) {
-    for (int i = 0; i < 6; ++i) mbar_init(full + 8 * i, 128);  // one warpgroup arrives
+    for (int i = 0; i < 4; ++i) mbar_init(full + 8 * i, 128);  // full, ready: one warpgroup
+    for (int i = 4; i < 6; ++i) mbar_init(full + 8 * i, 256);  // freed: both consumers
     fence_mbar_init();
   }
+  __syncthreads();
 
-  // Warpgroup 1 starts block 0's loads (fp8) or blocks 0 and 1's copies (bf16) before Q. Entries
-  // are loaded a block before their use (decode::token_entry_of): fp8 per token e[0..1], bf16
-  // e[0..3] (one per block, e[0], for contiguous blocks).
-  constexpr int kEntries = kBf16 ? 4 : 2;
-  Share sh;
-  std::int32_t e[kEntries] = {};
-  constexpr int kToken = kBf16 ? 1152 : 576;           // bytes of a fused token
-  const bool contig = contiguous_blocks<kBf16>(p, t);  // these two the same for the whole CTA
-  const bool fused = fused_pool<kToken>(p);
-  auto entries = [&](int blk) {
+  if (group == 2) {
+    // ---- warpgroup 2: fetches block b into tile b % 2 once both consumers are done with
+    // block b - 2. fp8: loads into registers a block ahead, converts into the tile; bf16:
+    // cp.async copies, two blocks in flight. Entries are loaded a block before their use
+    // (decode::token_entry_of): fp8 per token e[0..1], bf16 e[0..3] (one per block, e[0], for
+    // contiguous blocks) ----
+    setmaxnreg_dec<kRegs[2]>();
+    if (n_blocks == 0) return;
+    constexpr int kEntries = kBf16 ? 4 : 2;
+    constexpr int kToken = kBf16 ? 1152 : 576;           // bytes of a fused token
+    const bool contig = contiguous_blocks<kBf16>(p, t);  // these two the same for the whole CTA
+    const bool fused = fused_pool<kToken>(p);
+    std::int32_t e[kEntries] = {};
+    auto entries = [&](int blk) {
 #pragma unroll
-    for (int j = 0; j < kEntries; ++j) {
-      if (j > 0 && contig) break;
-      const int tok = contig ? 0 : kBf16 ? copy_token(j) : share_token(j);
-      e[j] = decode::token_entry_of<kN>(p, t, q_first, kv_base, blk, tok);
-    }
-  };
-  // fp8: block blk's loads into sh, and its conversion into tile `tile`; the entries move on
-  // by a block.
-  auto load_ahead = [&](int blk) {
-    if constexpr (!kBf16) {
-      if (contig) {
-        load_block_units(p, t, blk, e[0], sh);
-      } else {
-        load_share(p, t, blk, e, fused, sh);
+      for (int j = 0; j < kEntries; ++j) {
+        if (j > 0 && contig) break;
+        const int tok = contig ? 0 : kBf16 ? copy_token(j) : share_token(j);
+        e[j] = decode::token_entry_of<kN>(p, t, q_first, tile.kv_base, blk, tok);
       }
-    }
-    entries(blk + 1);
-  };
-  auto store = [&](int blk, int tile) {
-    if (contig) {
-      store_block_units(sh, smem, tile, block_tokens(t, blk));
-    } else {
-      store_share(sh, smem, tile);
-    }
-  };
-  // bf16: block blk's copies into tile blk % 2; the entries move on by a block.
-  auto copy = [&](int blk) {
-    if constexpr (kBf16) copy_bf16_block(p, t, blk, e, contig, fused, smem, blk & 1);
-    entries(blk + 1);
-  };
-  if (group == 1 && n_blocks > 0) {
+    };
     entries(0);
     if constexpr (kBf16) {
+      auto copy = [&](int blk) {  // into tile blk % 2; the entries move on by a block
+        copy_bf16_block(p, t, blk, e, contig, fused, smem, blk & 1);
+        entries(blk + 1);
+      };
       copy(0);
-      if (n_blocks > 1) copy(1);
-    } else {
-      load_ahead(0);
-    }
-  }
-  wg::load_q<L>(p, t, q_first, p.scale_pe / p.scale_nope, smem);  // ends with a barrier
-
-  float o[4][32];
-#pragma unroll
-  for (int c = 0; c < 4; ++c)
-#pragma unroll
-    for (int r = 0; r < 32; ++r) o[c][r] = 0.0f;
-  const std::uint8_t* tiles = smem + L::kTile;
-  // P V: this warpgroup's 4 panels of V (output dims 256 group + [0, 256)).
-  const std::uint64_t dv = wgmma_desc(tiles + 4 * group * kPanel, kPanel, 1024);
-  float row_max[2] = {-INFINITY, -INFINITY};
-  float row_sum[2] = {0.0f, 0.0f};  // warpgroup 0: this thread's columns, summed over the quad
-
-  if (group == 1) {
-    // ---- warpgroup 1: fetch ahead, then P V of the current block ----
-    if (n_blocks > 0) {
-      if constexpr (kBf16) {
-        if (n_blocks > 1) {
-          cp_async_wait<1>();  // block 0's group
-        } else {
-          cp_async_wait<0>();
-        }
+      if (n_blocks > 1) {
+        copy(1);
+        cp_async_wait<1>();
       } else {
-        store(0, 0);
+        cp_async_wait<0>();
       }
-      fence_proxy_async();  // cp.async and st.shared are generic-proxy writes; wgmma reads async
+      fence_proxy_async();  // cp.async writes are generic-proxy; wgmma reads async
       mbar_arrive(full);
-      if (!kBf16 && n_blocks > 1) load_ahead(1);
-    }
-    // P: 64 rows x 64 tokens in the tile's rope panel, K-major (one 128-byte swizzled panel).
-    const std::uint64_t dp = wgmma_desc(tiles + 8 * kPanel, 16, 1024);
-    for (int blk = 0; blk < n_blocks; ++blk) {
-      const int s = blk & 1;
-      if (!kBf16 && blk + 1 < n_blocks) {
-        // Tile s ^ 1 held block blk - 1: warpgroup 0 is done with it, and this warpgroup's
-        // P V of it completed at the end of the last iteration.
-        if (blk >= 1) mbar_wait(freed + 8 * (s ^ 1), ((blk - 1) >> 1) & 1);
-        store(blk + 1, s ^ 1);
-        fence_proxy_async();
-        mbar_arrive(full + 8 * (s ^ 1));
-        if (blk + 2 < n_blocks) load_ahead(blk + 2);
+      for (int blk = 0; blk < n_blocks; ++blk) {
+        const int s = blk & 1;
+        if (blk + 1 < n_blocks) {  // block blk + 1's copies (the only group in flight) are in
+          cp_async_wait<0>();
+          fence_proxy_async();
+          mbar_arrive(full + 8 * (s ^ 1));
+        }
+        if (blk + 2 < n_blocks) {
+          mbar_wait(freed + 8 * s, (blk >> 1) & 1);
+          copy(blk + 2);
+        }
       }
-      mbar_wait(ready + 8 * s, (blk >> 1) & 1);
-      const float f[2] = {factor[s * wg::kRows + 16 * warp + g],
-                          factor[s * wg::kRows + 16 * warp + g + 8]};
-      wg::rescale_o(o, f);
-      const auto off = static_cast<std::uint32_t>(__shfl_sync(0xffffffffu, s * kTileBytes, 0));
-      wgmma_fence();
+    } else {
+      Share sh;
+      auto load = [&](int blk) {  // into sh; the entries move on by a block
+        if (contig) {
+          load_block_units(p, t, blk, e[0], sh);
+        } else {
+          load_share(p, t, blk, e, fused, sh);
+        }
+        entries(blk + 1);
+      };
+      load(0);
+      for (int blk = 0; blk < n_blocks; ++blk) {
+        const int s = blk & 1;
+        if (blk >= 2) mbar_wait(freed + 8 * s, ((blk - 2) >> 1) & 1);
+        if (contig) {
+          store_block_units(sh, smem, s, block_tokens(t, blk));
+        } else {
+          store_share(sh, smem, s);
+        }
+        fence_proxy_async();  // st.shared is a generic-proxy write; wgmma reads async
+        mbar_arrive(full + 8 * s);
+        if (blk + 1 < n_blocks) load(blk + 1);
+      }
+    }
+    return;
+  }
+
+  // ---- warpgroups 0 and 1: Q, then per block: warpgroup 0 S, the softmax, P (for both) and
+  // P V of output dims [0, 256); warpgroup 1 P V of [256, 512) with P from shared memory ----
+  auto consume = [&](auto role) {
+    constexpr int kGroup = decltype(role)::value;
+    wg::load_q<L>(p, t, q_first, p.scale_pe / p.scale_nope, smem);  // ends with a barrier
+    float o[4][32];
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
+    for (int c = 0; c < 4; ++c)
 #pragma unroll
-        for (int c = 0; c < 4; ++c)
-          wgmma_64x64x16_ss<1, kBf16>(o[c], desc_add(dp, off + 32 * kk),
-                                      desc_add(dv, off + c * kPanel + kk * 2048), 1);
-      wgmma_commit();
-      if (kBf16 && blk + 1 < n_blocks) {
-        cp_async_wait<0>();  // block blk + 1, copied a block ago, is in
+      for (int r = 0; r < 32; ++r) o[c][r] = 0.0f;
+    const std::uint8_t* tiles = smem + L::kTile;
+    // P V: this warpgroup's 4 panels of V (output dims 256 kGroup + [0, 256)).
+    const std::uint64_t dv = wgmma_desc(tiles + 4 * kGroup * kPanel, kPanel, 1024);
+    float row_max[2] = {-INFINITY, -INFINITY};
+    float row_sum[2] = {0.0f, 0.0f};  // warpgroup 0: this thread's columns, summed over the quad
+    float2* stats = reinterpret_cast<float2*>(smem + L::kStats);
+
+    if constexpr (kGroup == 1) {
+      for (int blk = 0; blk < n_blocks; ++blk) {
+        const int s = blk & 1;
+        mbar_wait(ready + 8 * s, (blk >> 1) & 1);
+        const float f[2] = {factor[s * wg::kRows + 16 * warp + g],
+                            factor[s * wg::kRows + 16 * warp + g + 8]};
+        // P (the tile's rope panel) as A fragments: read once, not once per V panel as an
+        // operand from shared memory would be (8 KB a block instead of 32 KB).
+        std::uint32_t pa[4][4];
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) ldmatrix_x4(pa[kk], p_frag_addr(smem, s, warp, lane, kk));
+        wg::rescale_o(o, f);
+        const auto off = static_cast<std::uint32_t>(__shfl_sync(0xffffffffu, s * kTileBytes, 0));
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+          for (int c = 0; c < 4; ++c)
+            wgmma_64x64x16_rs<1, kBf16>(o[c], pa[kk], desc_add(dv, off + c * kPanel + kk * 2048),
+                                        1);
+        wgmma_commit();
+        wgmma_wait<0>();
+#pragma unroll
+        for (int c = 0; c < 4; ++c) wgmma_fence_operand(o[c]);
+        mbar_arrive(freed + 8 * s);
+      }
+      named_barrier_sync(wg::kConsumerBarrier, wg::kThreads);  // the rows' max and sum
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float2 v = stats[16 * warp + g + 8 * h];
+        row_max[h] = v.x, row_sum[h] = v.y;
+      }
+    } else {
+      const int tq = lane % 4;
+      int limit[2];
+      float sc[2];
+      wg::row_bounds(p, tile, warp, g, reinterpret_cast<const float*>(smem + L::kQInv), limit, sc);
+      const int limit_min = min(limit[0], limit[1]);
+      const std::uint64_t dq = wgmma_desc(smem + L::kQ, 16, 1024);
+      const std::uint64_t dk = wgmma_desc(tiles, 16, 1024);
+      for (int blk = 0; blk < n_blocks; ++blk) {
+        const int s = blk & 1;
+        const auto off = static_cast<std::uint32_t>(__shfl_sync(0xffffffffu, s * kTileBytes, 0));
+        bool released = false;
+        if (blk >= 1 && !__shfl_sync(0xffffffffu, mbar_test(full + 8 * s, (blk >> 1) & 1), 0)) {
+          // The block is not in: release tile s ^ 1 once P V(blk - 1) completes rather than
+          // after S(blk) issues, so that the producer's next fill need not wait for this one.
+          wgmma_wait<0>();
+          mbar_arrive(freed + 8 * (s ^ 1));
+          released = true;
+        }
+        mbar_wait(full + 8 * s, (blk >> 1) & 1);
+        float sacc[32];
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < 36; ++k)
+          wgmma_64x64x16_ss<0, kBf16>(sacc, desc_add(dq, (k / 4) * wg::kQPanel + 32 * (k % 4)),
+                                      desc_add(dk, off + (k / 4) * kPanel + 32 * (k % 4)), k > 0);
+        wgmma_commit();
+        if (blk >= 1 && !released) {
+          // This warpgroup's P V of block blk - 1 has completed: tile s ^ 1 is free of it (its S
+          // completed before that P V); the producer refills it once warpgroup 1 is done too.
+          wgmma_wait<1>();
+          mbar_arrive(freed + 8 * (s ^ 1));
+        }
+        wgmma_wait<0>();  // S
+        wgmma_fence_operand(sacc);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) wgmma_fence_operand(o[c]);
+
+        const std::uint8_t* fl = smem + L::kFlags + s * kN;
+        const uint4* f4 = reinterpret_cast<const uint4*>(fl);
+        const uint4 a = f4[0], b = f4[1], c = f4[2], d = f4[3];
+        const bool all_present = (a.x & a.y & a.z & a.w & b.x & b.y & b.z & b.w & c.x & c.y & c.z &
+                                  c.w & d.x & d.y & d.z & d.w) == 0x01010101u;
+        const int j0 = t.kv_begin + blk * kN;
+        float mx[2];
+        wg::mask_and_max(sacc, mx, all_present && j0 + kN - 1 <= limit_min, fl, j0, limit);
+        float f[2], pbase[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float base = wg::new_base(row_max[h], __fmul_rn(mx[h], sc[h]));  // sc > 0
+          f[h] = wg::factor(row_max[h], base);
+          row_max[h] = base;
+          pbase[h] = base == -INFINITY ? 0.0f : base;
+          if (tq == 0) factor[s * wg::kRows + 16 * warp + g + 8 * h] = f[h];
+        }
+        // P into the rope panel of tile s (S has read it), for warpgroup 1's P V.
+        std::uint32_t pa[4][4];
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          wg::p_frags<kBf16>(pa[kk], sacc, kk, sc, pbase);
+          stmatrix_x4(p_frag_addr(smem, s, warp, lane, kk), pa[kk]);
+        }
         fence_proxy_async();
-        mbar_arrive(full + 8 * (s ^ 1));
+        mbar_arrive(ready + 8 * s);
+        wg::rescale_o(o, f);
+        row_sum[0] *= f[0], row_sum[1] *= f[1];
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+          for (int c = 0; c < 4; ++c)
+            wgmma_64x64x16_rs<1, kBf16>(o[c], pa[kk], desc_add(dv, off + c * kPanel + kk * 2048),
+                                        1);
+        wgmma_commit();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) wg::add_sums<kBf16>(row_sum, pa[kk]);
       }
       wgmma_wait<0>();
 #pragma unroll
       for (int c = 0; c < 4; ++c) wgmma_fence_operand(o[c]);
-      if (kBf16 && blk + 2 < n_blocks) {
-        // Tile s: warpgroup 0's P V of block blk has completed too.
-        mbar_wait(freed + 8 * s, (blk >> 1) & 1);
-        copy(blk + 2);
-      }
-    }
-  } else {
-    // ---- warpgroup 0: S, softmax, P for both warpgroups, P V of its half ----
-    const int tq = lane % 4;
-    int limit[2];
-    float sc[2];
-    wg::row_bounds(p, tile, warp, g, reinterpret_cast<const float*>(smem + L::kQInv), limit, sc);
-    const int limit_min = min(limit[0], limit[1]);
-    const std::uint64_t dq = wgmma_desc(smem + L::kQ, 16, 1024);
-    const std::uint64_t dk = wgmma_desc(tiles, 16, 1024);
-    for (int blk = 0; blk < n_blocks; ++blk) {
-      const int s = blk & 1;
-      const auto off = static_cast<std::uint32_t>(__shfl_sync(0xffffffffu, s * kTileBytes, 0));
-      bool released = false;
-      if (kBf16 && blk >= 1 &&
-          !__shfl_sync(0xffffffffu, mbar_test(full + 8 * s, (blk >> 1) & 1), 0)) {
-        // The block is not in: release tile s ^ 1 once P V(blk - 1) completes rather than after
-        // S(blk) issues, so that warpgroup 1's next copy need not wait for this one to land.
-        wgmma_wait<0>();
-        mbar_arrive(freed + 8 * (s ^ 1));
-        released = true;
-      }
-      mbar_wait(full + 8 * s, (blk >> 1) & 1);
-      float sacc[32];
-      wgmma_fence();
-#pragma unroll
-      for (int k = 0; k < 36; ++k)
-        wgmma_64x64x16_ss<0, kBf16>(sacc, desc_add(dq, (k / 4) * wg::kQPanel + 32 * (k % 4)),
-                                    desc_add(dk, off + (k / 4) * kPanel + 32 * (k % 4)), k > 0);
-      wgmma_commit();
-      if (blk >= 1 && !released) {
-        // This warpgroup's P V of block blk - 1 has completed: tile s ^ 1 is free of it (its S
-        // completed before that P V), and warpgroup 1 refills it once its own P V is done too.
-        wgmma_wait<1>();
-        mbar_arrive(freed + 8 * (s ^ 1));
-      }
-      wgmma_wait<0>();  // S
-      wgmma_fence_operand(sacc);
-#pragma unroll
-      for (int c = 0; c < 4; ++c) wgmma_fence_operand(o[c]);
-
-      const std::uint8_t* fl = smem + L::kFlags + s * kN;
-      const uint4* f4 = reinterpret_cast<const uint4*>(fl);
-      const uint4 a = f4[0], b = f4[1], c = f4[2], d = f4[3];
-      const bool all_present = (a.x & a.y & a.z & a.w & b.x & b.y & b.z & b.w & c.x & c.y & c.z &
-                                c.w & d.x & d.y & d.z & d.w) == 0x01010101u;
-      const int j0 = t.kv_begin + blk * kN;
-      float mx[2];
-      wg::mask_and_max(sacc, mx, all_present && j0 + kN - 1 <= limit_min, fl, j0, limit);
-      float f[2], pbase[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float base = wg::new_base(row_max[h], __fmul_rn(mx[h], sc[h]));  // sc > 0
-        f[h] = wg::factor(row_max[h], base);
-        row_max[h] = base;
-        pbase[h] = base == -INFINITY ? 0.0f : base;
-        if (tq == 0) factor[s * wg::kRows + 16 * warp + g + 8 * h] = f[h];
+        row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
+        row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
+        if (tq == 0) stats[16 * warp + g + 8 * h] = make_float2(row_max[h], row_sum[h]);
       }
-      // P into the rope panel of tile s (S has read it), for warpgroup 1's P V.
-      std::uint32_t pa[4][4];
-      std::uint8_t* pt = smem + L::kTile + s * kTileBytes + 8 * kPanel;
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        wg::p_frags<kBf16>(pa[kk], sacc, kk, sc, pbase);
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          *reinterpret_cast<std::uint32_t*>(
-              pt + sw128(16 * warp + g + 8 * (j % 2), 2 * (16 * kk + 2 * tq + 8 * (j / 2)))) =
-              pa[kk][j];
-      }
-      fence_proxy_async();
-      mbar_arrive(ready + 8 * s);
-      wg::rescale_o(o, f);
-      row_sum[0] *= f[0], row_sum[1] *= f[1];
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-        for (int c = 0; c < 4; ++c)
-          wgmma_64x64x16_rs<1, kBf16>(o[c], pa[kk], desc_add(dv, off + c * kPanel + kk * 2048), 1);
-      wgmma_commit();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) wg::add_sums<kBf16>(row_sum, pa[kk]);
+      named_barrier_sync(wg::kConsumerBarrier, wg::kThreads);  // the rows' max and sum
     }
-    wgmma_wait<0>();
-#pragma unroll
-    for (int c = 0; c < 4; ++c) wgmma_fence_operand(o[c]);
-    float2* stats = reinterpret_cast<float2*>(smem + L::kStats);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
-      row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
-      if (tq == 0) stats[16 * warp + g + 8 * h] = make_float2(row_max[h], row_sum[h]);
-    }
+    wg::store_rows(p, tile, kGroup, warp, lane, o, row_max, row_sum);
+  };
+  if (group == 0) {
+    setmaxnreg_inc<kRegs[0]>();
+    consume(std::integral_constant<int, 0>{});
+  } else {
+    setmaxnreg_inc<kRegs[1]>();
+    consume(std::integral_constant<int, 1>{});
   }
-  __syncthreads();  // the rows' max and sum, from warpgroup 0
-  if (group == 1) {
-    const float2* stats = reinterpret_cast<const float2*>(smem + L::kStats);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float2 v = stats[16 * warp + g + 8 * h];
-      row_max[h] = v.x, row_sum[h] = v.y;
-    }
-  }
-  wg::store_rows(p, tile, group, warp, lane, o, row_max, row_sum);
 }
 
 }  // namespace fp8mla::detail
