@@ -69,14 +69,19 @@ __device__ __forceinline__ int share_token(int j) {
   return 16 * (threadIdx.x % 128 / 32) + 8 * j + threadIdx.x % 8;
 }
 
-// Pools whose tokens are fused rows of kToken bytes (kpe after ckv: 576 fp8, 1152 bf16) and whose
-// pages lie back to back (fp8mla's and SGLang's pools): a token's row is slot x kToken bytes in,
-// one multiply instead of decode::slot_addr's two 64-bit products a pointer.
+// Tokens stored as fused rows of kToken bytes (kpe right after ckv: 576 fp8, 1152 bf16).
+template <int kToken>
+__device__ __forceinline__ bool fused_rows(const DecodeParams& p) {
+  return p.kpe == p.ckv + kToken / 9 * 8 && p.ckv_token_stride == kToken &&
+         p.kpe_token_stride == kToken && p.kpe_page_stride == p.ckv_page_stride;
+}
+
+// Pools of fused rows whose pages lie back to back (fp8mla's and SGLang's pools): a token's row is
+// slot x kToken bytes in, one multiply instead of decode::slot_addr's two 64-bit products a
+// pointer.
 template <int kToken>
 __device__ __forceinline__ bool fused_pool(const DecodeParams& p) {
-  return p.kpe == p.ckv + kToken / 9 * 8 && p.ckv_token_stride == kToken &&
-         p.kpe_token_stride == kToken && p.kpe_page_stride == p.ckv_page_stride &&
-         p.ckv_page_stride == (std::int64_t{kToken} << p.page_shift);
+  return fused_rows<kToken>(p) && p.ckv_page_stride == (std::int64_t{kToken} << p.page_shift);
 }
 
 // Token `tok`'s ckv and kpe (nullptr when absent) from its entry e.
@@ -147,10 +152,9 @@ __device__ __forceinline__ void store_share(const Share& sh, std::uint8_t* smem,
 // further: the same place 2048 bytes on, so 9 addresses serve all 36.
 template <bool kBf16>
 __device__ __forceinline__ bool contiguous_blocks(const DecodeParams& p, const WorkTile& t) {
-  constexpr int kCkv = kBf16 ? 1024 : 512, kToken = kCkv + (kBf16 ? 128 : 64);
-  return p.topk == 0 && p.page_shift >= 6 && (t.kv_begin & (kN - 1)) == 0 &&
-         p.kpe == p.ckv + kCkv && p.ckv_token_stride == kToken && p.kpe_token_stride == kToken &&
-         p.kpe_page_stride == p.ckv_page_stride;
+  return p.topk == 0 && p.page_shift >= 6 && (t.kv_begin & (kN - 1)) == 0 && fused_rows < kBf16
+             ? 1152
+             : 576 > (p);
 }
 
 // The address of block `blk`'s first token in a contiguous tile (e: its page).

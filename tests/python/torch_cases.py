@@ -68,14 +68,15 @@ def case_wrapper_formats(rng, device, fmt, page_size, heads, kv_lens, qo_lens, c
     assert o is out and l2 is lse and o.device == qt.device
     ro, rl = ref.attention(q, pool, b.qo_indptr, b.kv_indptr, b.kv_indices, b.kv_len, page_size,
                            causal, np.float32(0.0625))
+    fp8_scores = (q, 0.0625) if fmt == "fp8_e4m3" else None
     ref.check_attention(bits(o), l2.cpu().numpy(), ro, rl * ref.LOG2E, f"torch {fmt}", device,
-                        pool)
+                        pool, fp8_scores=fp8_scores)
     # Allocated outputs, base-e LSE.
     o2, le = w.run(qt[:, :, :512], qt[:, :, 512:], ckv, kpe, return_lse=True,
                    return_lse_base_on_e=True)
     assert o2.dtype == torch.bfloat16 and o2.shape == (b.total_q, heads, 512)
     ref.check_attention(bits(o2), le.cpu().numpy(), ro, rl, f"torch {fmt} base e", device,
-                        pool)
+                        pool, fp8_scores=fp8_scores)
 
 
 def case_sglang_sequence(rng, device, layers=3):
