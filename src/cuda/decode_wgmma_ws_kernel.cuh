@@ -152,9 +152,8 @@ __device__ __forceinline__ void store_share(const Share& sh, std::uint8_t* smem,
 // further: the same place 2048 bytes on, so 9 addresses serve all 36.
 template <bool kBf16>
 __device__ __forceinline__ bool contiguous_blocks(const DecodeParams& p, const WorkTile& t) {
-  return p.topk == 0 && p.page_shift >= 6 && (t.kv_begin & (kN - 1)) == 0 && fused_rows < kBf16
-             ? 1152
-             : 576 > (p);
+  constexpr int kToken = kBf16 ? 1152 : 576;
+  return p.topk == 0 && p.page_shift >= 6 && (t.kv_begin & (kN - 1)) == 0 && fused_rows<kToken>(p);
 }
 
 // The address of block `blk`'s first token in a contiguous tile (e: its page).
