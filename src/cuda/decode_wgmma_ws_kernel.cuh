@@ -16,10 +16,10 @@
 // No staging buffers: Q (73.7 KB) and two 64-token tiles (73.7 KB each) fill shared memory.
 // Three mbarrier pairs hand the tiles over: full (2 -> 0: the block is in), ready (0 -> 1: P and
 // the factors written), free (0 and 1 -> 2: S and both P V of the tile done; at once when the
-// next block is not in yet). What bounds it: each block's chain S -> softmax -> P V in
-// warpgroup 0, with the tensor cores idle during the softmax, and two tiles, so the next
-// block's S cannot start before this one's P V has freed the tile two back (bench/NOTES.md v25,
-// v25f, v26-v26c, v28).
+// next block is not in yet). What bounds it (bench/NOTES.md, "Where the 17-64-row kernel's time
+// goes"): no single stage (S, the softmax, P V and the fill each 6-28% by ablation); about half
+// of a block's time is the chain of handoffs between the three warpgroups, and reorderings of
+// the loop measured slower (v29-v31).
 // fp8 Q is fp16, scaled per row by a power of two (wg::load_q), with q_pe times kpe_scale /
 // ckv_scale before its rounding: exact when the two scales are equal (fp8mla's caches, SGLang's
 // pools), otherwise one fp16 rounding (2^-11 relative) of q_pe. bf16 Q is used as given.
