@@ -255,12 +255,17 @@ GPU_LSE_RTOL, GPU_LSE_ATOL = 1e-4, 4e-3
 GPU_FP8_SCORES_LSE_RTOL = 6e-4
 
 
-def tolerances(device, pool):
+def tolerances(device, pool, fp8_scores=None):
     """(out_rtol, out_atol, lse_rtol, lse_atol) for results computed on ``device`` ("cpu" or
-    "cuda", or a torch.device) over the decoded cache ``pool`` [..., 576]."""
+    "cuda", or a torch.device) over the decoded cache ``pool`` [..., 576]. fp8_scores: (q,
+    sm_scale) for an fp8_e4m3 cache, whose default GPU score path (<= 16 rows, pages >= 8) may
+    move a row's lse by fp8_score_lse_atol more (log2 units; for a base-e lse, a looser bound)."""
     if str(device).startswith("cuda"):
         vmax = float(np.max(np.abs(pool[..., :DIM_CKV]))) if pool is not None else 1.0
-        return GPU_OUT_RTOL, GPU_OUT_ATOL_PER_V * max(vmax, 1.0), GPU_LSE_RTOL, GPU_LSE_ATOL
+        lse_atol = GPU_LSE_ATOL
+        if fp8_scores is not None:
+            lse_atol += fp8_score_lse_atol(fp8_scores[0], pool, fp8_scores[1])
+        return GPU_OUT_RTOL, GPU_OUT_ATOL_PER_V * max(vmax, 1.0), GPU_LSE_RTOL, lse_atol
     return OUT_RTOL, OUT_ATOL, LSE_RTOL, LSE_ATOL
 
 
@@ -279,13 +284,10 @@ def fp8_score_lse_atol(q, pool, sm_scale):
 def check_attention(out_bits, lse, ref_o, ref_lse, what, device="cpu", pool=None, lse_rtol=None,
                     fp8_scores=None):
     """Output (bf16 bits) and LSE against the reference, with ``device``'s tolerances (lse_rtol:
-    a looser relative lse bound for a path documented as less precise). fp8_scores: (q,
-    sm_scale) for an fp8_e4m3 cache, whose default GPU score path (<= 16 rows, pages >= 8) may
-    move a row's lse by fp8_score_lse_atol more (log2 units; for a base-e lse, a looser bound)."""
-    out_rtol, out_atol, dev_lse_rtol, lse_atol = tolerances(device, pool)
+    a looser relative lse bound for a path documented as less precise; fp8_scores: as for
+    tolerances)."""
+    out_rtol, out_atol, dev_lse_rtol, lse_atol = tolerances(device, pool, fp8_scores)
     lse_rtol = dev_lse_rtol if lse_rtol is None else lse_rtol
-    if fp8_scores is not None and str(device).startswith("cuda"):
-        lse_atol += fp8_score_lse_atol(fp8_scores[0], pool, fp8_scores[1])
     assert_close(bf16_to_f64(out_bits), ref_o, out_rtol, out_atol, f"{what} out")
     if lse is not None:
         assert_close(lse, ref_lse, lse_rtol, lse_atol, f"{what} lse")
