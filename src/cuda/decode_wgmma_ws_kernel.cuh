@@ -387,6 +387,17 @@ __global__ void __launch_bounds__(ws::kThreads, 1)
     float row_max[2] = {-INFINITY, -INFINITY};
     float row_sum[2] = {0.0f, 0.0f};  // warpgroup 0: this thread's columns, summed over the quad
     float2* stats = reinterpret_cast<float2*>(smem + L::kStats);
+    // O[:, 256 kGroup + [0, 256)] += P V of the block at tile offset off, P as A fragments; one
+    // commit group.
+    auto pv = [&](std::uint32_t off, const std::uint32_t(&pa)[4][4]) {
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          wgmma_64x64x16_rs<1, kBf16>(o[c], pa[kk], desc_add(dv, off + c * kPanel + kk * 2048), 1);
+      wgmma_commit();
+    };
 
     if constexpr (kGroup == 1) {
       for (int blk = 0; blk < n_blocks; ++blk) {
@@ -400,15 +411,7 @@ __global__ void __launch_bounds__(ws::kThreads, 1)
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) ldmatrix_x4(pa[kk], p_frag_addr(smem, s, warp, lane, kk));
         wg::rescale_o(o, f);
-        const auto off = static_cast<std::uint32_t>(__shfl_sync(0xffffffffu, s * kTileBytes, 0));
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-          for (int c = 0; c < 4; ++c)
-            wgmma_64x64x16_rs<1, kBf16>(o[c], pa[kk], desc_add(dv, off + c * kPanel + kk * 2048),
-                                        1);
-        wgmma_commit();
+        pv(static_cast<std::uint32_t>(__shfl_sync(0xffffffffu, s * kTileBytes, 0)), pa);
         wgmma_wait<0>();
 #pragma unroll
         for (int c = 0; c < 4; ++c) wgmma_fence_operand(o[c]);
@@ -486,14 +489,7 @@ __global__ void __launch_bounds__(ws::kThreads, 1)
         mbar_arrive(ready + 8 * s);
         wg::rescale_o(o, f);
         row_sum[0] *= f[0], row_sum[1] *= f[1];
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-          for (int c = 0; c < 4; ++c)
-            wgmma_64x64x16_rs<1, kBf16>(o[c], pa[kk], desc_add(dv, off + c * kPanel + kk * 2048),
-                                        1);
-        wgmma_commit();
+        pv(off, pa);
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) wg::add_sums<kBf16>(row_sum, pa[kk]);
       }
