@@ -164,7 +164,11 @@ struct RunArgs {
 // Computes attention for the planned batch. Checks (host side, cheap) that every tensor's
 // dtype, shape, innermost stride and device match the plan and the cache view ("plan/run
 // mismatch" errors name the tensor and both values). A plan's workspace is used by one run at
-// a time: do not run one plan concurrently on two streams.
+// a time: do not run one plan concurrently on two streams. CUDA: the kernels are launched as
+// programmatic dependents (PDL) of the kernel before them on `stream`, so their launch overlaps
+// its end when it triggers early; they read q, the cache and sparse indices, and write, only
+// after waiting for it (griddepcontrol.wait), so stream order holds as for plain launches, and
+// they trigger their own dependents only after that wait.
 void run(const Plan& p, const RunArgs& args);
 
 // Combines partial attention states of the same rows (split-KV, context parallelism):

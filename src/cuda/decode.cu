@@ -43,7 +43,8 @@ __global__ void __launch_bounds__(kMergeThreads) split_merge_kernel(const MergeP
   const int qo = p.qo_indptr[it.request + 1] - p.qo_indptr[it.request];
   const int n = p.num_splits[it.request];
   const std::int64_t base = p.partial_offset[it.request] + it.row;
-  pdl_wait();  // the decode grid's partials (launched as its programmatic dependent)
+  pdl_wait();               // the decode grid's partials (launched as its programmatic dependent)
+  pdl_launch_dependents();  // as in decode::begin_after_previous_kernel
   const std::int64_t stride = static_cast<std::int64_t>(qo) * p.num_heads;
   const int tid = threadIdx.x, quad = tid % kMergeQuads, group = tid / kMergeQuads;
   __shared__ float red[kMergeThreads / 32];
@@ -338,11 +339,23 @@ void cuda_run(PlanState& plan, const RunArgs& args) {
     encode_page_map(p.kpe_map, p.kpe, 64, plan.page_size, plan.num_pages, p.kpe_token_stride,
                     p.kpe_page_stride, "kv.kpe");
   }
+  // Both launches are programmatic dependents of the kernel before them (pdl_wait in the
+  // kernels): a launch overlaps that kernel's end instead of following it
+  // (decode::begin_after_previous_kernel).
+  cudaLaunchAttribute pdl{};
+  pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.stream = stream;
+  cfg.attrs = &pdl;
+  cfg.numAttrs = 1;
   if (grid > 0) {
     const KernelEntry& k = decode_kernel(kv.format, b.row_tiles, tma);
     prepare(k);
-    k.fn<<<static_cast<unsigned>(grid), k.threads, k.smem, stream>>>(p);
-    FP8MLA_CUDA_CHECK_LAUNCH("mla_decode_kernel");
+    cfg.gridDim = dim3(static_cast<unsigned>(grid));
+    cfg.blockDim = dim3(static_cast<unsigned>(k.threads));
+    cfg.dynamicSmemBytes = static_cast<std::size_t>(k.smem);
+    FP8MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, k.fn, p));
   }
   const std::int64_t merge_items = b.graph ? b.cap_merge : b.num_merge;
   if (merge_items > 0) {
@@ -361,16 +374,8 @@ void cuda_run(PlanState& plan, const RunArgs& args) {
     m.lse = p.lse;
     m.lse_stride[0] = p.lse_stride[0];
     m.lse_stride[1] = p.lse_stride[1];
-    // A programmatic dependent of the decode launch (pdl_wait in the kernel): its launch
-    // overlaps the decode's last wave instead of following the decode's end.
-    cudaLaunchAttribute pdl{};
-    pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    pdl.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg{};
     cfg.blockDim = dim3(kMergeThreads);
-    cfg.stream = stream;
-    cfg.attrs = &pdl;
-    cfg.numAttrs = grid > 0 ? 1 : 0;
+    cfg.dynamicSmemBytes = 0;
     if (b.graph || b.max_splits > 8) {
       cfg.gridDim = dim3(static_cast<unsigned>(merge_items), kDimCkv / 32);
       FP8MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, split_merge_kernel<32>, m));

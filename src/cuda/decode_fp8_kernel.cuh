@@ -164,7 +164,7 @@ __global__ void __maxnreg__(decode::kMaxRegsTwoCtas) mla_decode_fp8_kernel(const
   using namespace fp8frag;
   DeviceTile tile;
   if (!decode::load_tile(p, tile)) return;
-  pdl_launch_dependents();
+  decode::begin_after_previous_kernel();
   extern __shared__ __align__(128) std::uint8_t smem[];
   const WorkTile t = tile.tile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

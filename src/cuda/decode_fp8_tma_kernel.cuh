@@ -151,7 +151,6 @@ __global__ void __maxnreg__(decode::kMaxRegsTwoCtas)
   using namespace fp8tma;
   DeviceTile tile;
   if (!decode::load_tile(p, tile)) return;
-  pdl_launch_dependents();
   extern __shared__ __align__(1024) std::uint8_t smem_raw[];
   // Swizzle atoms need a 1024-byte aligned base; offsetting smem_raw (not rounding a cast
   // integer) keeps the pointer visibly in shared memory, so accesses stay LDS / STS.
@@ -199,16 +198,20 @@ __global__ void __maxnreg__(decode::kMaxRegsTwoCtas)
     next_entry = entry_of(1);
   }
 
-  // ---- Q: 16 threads a row read it (4.5 16-byte chunks each), find the row's exponent, and
-  // write its hi and lo codes into the B operand ----
-  const int q_r = threadIdx.x / 16, q_part = threadIdx.x % 16;
-  uint4 q_v[5];
-  fp8frag::load_q_chunks(p, t, q_first, rows, q_r, q_part, q_v);
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) mbar_init(smem + kBar + 8 * s, np);
     for (int s = 0; s < kStages; ++s) mbar_init(smem + kEmpty + 8 * s, kWarps);
     fence_mbar_init();
   }
+  // The tile and page-table entries above are the plan's; q and the cache may come from the
+  // kernel before.
+  decode::begin_after_previous_kernel();
+
+  // ---- Q: 16 threads a row read it (4.5 16-byte chunks each), find the row's exponent, and
+  // write its hi and lo codes into the B operand ----
+  const int q_r = threadIdx.x / 16, q_part = threadIdx.x % 16;
+  uint4 q_v[5];
+  fp8frag::load_q_chunks(p, t, q_first, rows, q_r, q_part, q_v);
   __syncthreads();
   if (copier && n_blocks > 0) issue(0, entry0, 0);
   {

@@ -341,6 +341,17 @@ __device__ __forceinline__ bool load_tile(const DecodeParams& p, DeviceTile& d) 
   return static_cast<int>(blockIdx.x) < *p.num_tiles;
 }
 
+// The decode grid is a programmatic dependent of the kernel before it in the stream (cuda_run),
+// so its launch and set-up overlap that kernel's end. Before this call a kernel reads only the
+// plan's buffers (tiles, page table), which only the host writes (plan, replan: synchronous
+// copies); q, the cache, sparse indices and every write come after it. The split merge is then
+// let launch: not before the wait, or the chain of calls would run ahead (merge, then the next
+// decode) and place a decode's CTAs beside the running one's (bench/NOTES.md v34).
+__device__ __forceinline__ void begin_after_previous_kernel() {
+  pdl_wait();
+  pdl_launch_dependents();
+}
+
 // Output scale (out_scale / l) and lse (natural log) of a finished row with log2-domain max m and
 // sum l. l == 0: the row saw nothing (o = 0, lse = -inf); l NaN: a NaN in the cache reached the
 // row (fmaxf skipped it in the max), so o and lse are NaN as in the reference.
@@ -386,7 +397,7 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
   constexpr int kStages = S::kStages;
   DeviceTile tile;
   if (!load_tile(p, tile)) return;
-  pdl_launch_dependents();
+  begin_after_previous_kernel();
   extern __shared__ __align__(128) std::uint8_t smem[];
   const WorkTile t = tile.tile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

@@ -277,7 +277,7 @@ __global__ void __launch_bounds__(ws::kThreads, 1)
   using L = ws::Layout<kBf16>;
   DeviceTile tile;
   if (!decode::load_tile(p, tile)) return;
-  pdl_launch_dependents();
+  decode::begin_after_previous_kernel();
   std::uint8_t* smem = dynamic_smem_1k();
   const WorkTile t = tile.tile;
   const int group = wg::uniform_warpgroup();  // the role

@@ -547,6 +547,72 @@ TEST(CudaGraph, CaptureReplanReplay) {
   check_cuda(cudaStreamDestroy(stream));
 }
 
+// Two runs on one stream, no sync between them, the second's q_nope being the first's out: the
+// decode launch is a programmatic dependent of the kernel before it (the first run's split merge,
+// which triggers its dependents at its start), so a decode kernel that read q before
+// griddepcontrol.wait would read the poisoned out, and one that wrote its split partials before
+// it would corrupt the first run's merge. Every decode kernel, eagerly and in a CUDA graph.
+TEST(CudaStream, ChainedRunsSeeTheRunBefore) {
+  SKIP_WITHOUT_GPU();
+  struct Chain {
+    KvFormat format;
+    int heads, page_size;
+    const char* kernel;
+  };
+  const Chain chains[] = {
+      {F8, 16, 64, "fp8 <= 16 rows, TMA"}, {F8, 8, 1, "fp8 <= 16 rows, fragments"},
+      {F8, 128, 64, "fp8 17-64 rows"},     {BF, 64, 1, "bf16 17-64 rows"},
+      {BF, 8, 16, "bf16 <= 16 rows"},      {BL, 16, 64, "fp8_e4m3_block"}};
+  cudaStream_t stream;
+  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (const bool graph : {false, true}) {
+    for (const Chain& ch : chains) {
+      test::ProblemSpec s;
+      s.format = ch.format;
+      s.num_heads = ch.heads;
+      s.page_size = ch.page_size;
+      s.batch = 1;  // long and alone: split, so a merge kernel runs between the two decodes
+      s.kv_len_min = s.kv_len_max = 3000;
+      s.seed = 4000 + ch.heads + ch.page_size;
+      test::RandomCase c = test::make_case(s);
+      const std::string what = std::string(ch.kernel) + (graph ? ", graph" : ", stream");
+      Plan p = plan(c.problem(DeviceKind::cuda));
+      ASSERT_GT(p.num_splits()[0], 1) << what << ": the case must split";
+      DeviceBuffer cache(c.cache), q(c.q);
+      DeviceOutput d1(c, 0), d2(c, 0);
+      RunArgs a1 = device_args(c, cache, q, d1);
+      RunArgs a2 = device_args(c, cache, q, d2);
+      a2.q_nope = c.out_view(d1.out_data(), DeviceKind::cuda);
+      a1.stream = a2.stream = stream;
+      if (graph) {
+        cudaGraph_t g;
+        cudaGraphExec_t exec;
+        check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+        run(p, a1);
+        run(p, a2);
+        check_cuda(cudaStreamEndCapture(stream, &g));
+        check_cuda(cudaGraphInstantiate(&exec, g, 0));
+        check_cuda(cudaGraphLaunch(exec, stream));
+        check_cuda(cudaStreamSynchronize(stream));
+        check_cuda(cudaGraphExecDestroy(exec));
+        check_cuda(cudaGraphDestroy(g));
+      } else {
+        run(p, a1);
+        run(p, a2);
+        check_cuda(cudaStreamSynchronize(stream));
+      }
+      test::HostOutput ref1 = reference(c);
+      expect_matches(d1, ref1, what + ": first run");
+      test::RandomCase c2 = c;  // q_nope = the first run's out, as the device held it
+      const auto out1 = d1.out.to_host<std::uint16_t>();
+      std::copy(out1.begin(), out1.end(), c2.q.begin());
+      test::HostOutput ref2 = reference(c2);
+      expect_matches(d2, ref2, what + ": second run");
+    }
+  }
+  check_cuda(cudaStreamDestroy(stream));
+}
+
 // The GPU append writes the same bytes as the host codec.
 TEST(CudaCache, AppendIsBitIdenticalToHost) {
   SKIP_WITHOUT_GPU();
