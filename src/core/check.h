@@ -35,6 +35,18 @@ inline std::int32_t narrow_i32(std::int64_t v, const std::string& argument) {
   return static_cast<std::int32_t>(v);
 }
 
+// A CUDA kernel whose warpgroups move registers with setmaxnreg needs exactly the per-thread
+// register count its split adds up to: with fewer, a warpgroup's raise would wait for registers
+// that never come (a hang). `built` is the compiled count (cudaFuncAttributes::numRegs). Throws
+// Error(cuda_error, kernel) naming both counts when they differ.
+inline void require_register_count(const std::string& kernel, int built, int required) {
+  if (built != required)
+    throw Error(
+        ErrorCode::cuda_error, kernel,
+        msg("built with ", built,
+            " registers a thread; its warpgroups' register split needs exactly ", required));
+}
+
 // Checks a tensor argument: defined, dtype one of `dtypes`, ndim and extents (-1 = any), the
 // innermost stride 1, non-negative strides, and the device.
 void check_tensor(const TensorView& t, const std::string& name, std::initializer_list<DType> dtypes,

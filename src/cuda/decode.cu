@@ -232,12 +232,7 @@ void prepare(const KernelEntry& k) {
   if (k.regs > 0) {
     cudaFuncAttributes a{};
     FP8MLA_CUDA_CHECK(cudaFuncGetAttributes(&a, k.fn));
-    if (a.numRegs != k.regs)
-      throw Error(ErrorCode::cuda_error, "decode kernel",
-                  msg("built with ", a.numRegs,
-                      " registers a thread; its warpgroups' register "
-                      "split needs exactly ",
-                      k.regs));
+    require_register_count("decode kernel", a.numRegs, k.regs);
   }
   for (const void*& d : done)
     if (d == nullptr) {

@@ -13,6 +13,7 @@
 
 #include "fp8mla/attention.h"
 #include "fp8mla/error.h"
+#include "src/core/check.h"
 
 namespace fp8mla {
 namespace {
@@ -466,6 +467,17 @@ TEST(ValidationMerge, StatesMajorLseIsAccepted) {
   in.ts = make_strided_view(in.s.data(), DType::f32, {5, 3}, {1, 5});
   in.tv_out.dtype = DType::i32;
   expect_error([&] { in.merge(); }, {"v_out.dtype"});
+}
+
+// The check prepare() (src/cuda/decode.cu) runs on the warp-specialized kernel before its first
+// launch: a register count other than the one its setmaxnreg split adds up to is an error, not a
+// hang. Exercised here on counts, since a kernel cannot be mis-built on purpose.
+TEST(ValidationDevice, RegisterSplitNeedsTheExactCount) {
+  EXPECT_NO_THROW(detail::require_register_count("decode kernel", 168, 168));
+  for (const int built : {128, 167, 169, 255})
+    expect_error([&] { detail::require_register_count("decode kernel", built, 168); },
+                 {"decode kernel", std::to_string(built).c_str(), "exactly 168"},
+                 ErrorCode::cuda_error);
 }
 
 #ifndef FP8MLA_WITH_CUDA
