@@ -549,9 +549,10 @@ TEST(CudaGraph, CaptureReplanReplay) {
 
 // Two runs on one stream, no sync between them, the second's q_nope being the first's out: the
 // decode launch is a programmatic dependent of the kernel before it (the first run's split merge,
-// which triggers its dependents at its start), so a decode kernel that read q before
-// griddepcontrol.wait would read the poisoned out, and one that wrote its split partials before
-// it would corrupt the first run's merge. Every decode kernel, eagerly and in a CUDA graph.
+// which lets it launch as soon as the merge starts its work), so a decode kernel that read q
+// before griddepcontrol.wait would read the poisoned out, and one that wrote its split partials
+// before it would corrupt the first run's merge (the negative control in
+// bench/results/h200_v34_pdl_ab.txt). Every decode kernel, eagerly and in a CUDA graph.
 TEST(CudaStream, ChainedRunsSeeTheRunBefore) {
   SKIP_WITHOUT_GPU();
   struct Chain {
