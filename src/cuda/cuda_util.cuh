@@ -281,6 +281,8 @@ __device__ __forceinline__ void fence_proxy_async() {
       "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),  \
       "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),  \
       "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define FP8MLA_WGMMA_D8 \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
 #define FP8MLA_WGMMA_D16                                                                          \
   "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),    \
@@ -355,6 +357,17 @@ __device__ __forceinline__ void wgmma_64x32x16_ss(float (&d)[16], std::uint64_t 
     FP8MLA_WGMMA_64x32_SS("f16");
   }
 }
+// D (64 x 16 fp32) (+)= A (64 x 16 bf16, shared memory, K-major) * B (16 x 16 bf16, shared
+// memory, K-major).
+__device__ __forceinline__ void wgmma_64x16x16_bf16(float (&d)[8], std::uint64_t a, std::uint64_t b,
+                                                    int accumulate) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %10, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16"
+      " {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+      : FP8MLA_WGMMA_D8
+      : "l"(a), "l"(b), "r"(accumulate));
+}
 __device__ __forceinline__ void wgmma_64x32x32_e4m3(float (&d)[16], std::uint64_t a,
                                                     std::uint64_t b, int accumulate) {
   FP8MLA_WGMMA_64x32x32_E4M3;
@@ -364,6 +377,7 @@ __device__ __forceinline__ void wgmma_64x32x32_e4m3(float (&d)[16], std::uint64_
 #undef FP8MLA_WGMMA_64x64_RS
 #undef FP8MLA_WGMMA_64x64_SS
 #undef FP8MLA_WGMMA_D16
+#undef FP8MLA_WGMMA_D8
 #undef FP8MLA_WGMMA_D32
 
 }  // namespace fp8mla::detail

@@ -8,6 +8,7 @@
 #include "src/core/backend.h"
 #include "src/core/check.h"
 #include "src/cuda/cuda_util.cuh"
+#include "src/cuda/decode_bf16_tma_kernel.cuh"
 #include "src/cuda/decode_fp8_kernel.cuh"
 #include "src/cuda/decode_fp8_tma_kernel.cuh"
 #include "src/cuda/decode_kernel.cuh"
@@ -156,24 +157,27 @@ const std::array<std::array<KernelEntry, 3>, 3> kDecodeKernels = {{
      entry<KvFormat::fp8_e4m3_block, 4>()},
 }};
 
-// fp8_e4m3 tiles of <= 16 rows on dense page tables with pages of >= 8 tokens run the TMA kernel
-// instead (decode_fp8_tma_kernel.cuh: tensor-map copies of page runs, S on fp8 wgmma), when
-// kpe_scale / ckv_scale is a power of two (q_pe carries it exactly; one cache scale, as
-// PagedLatentCache keeps, gives 1). Smaller pages and sparse lists are per token, where the
-// fragment kernel's one bulk copy a token beat cp.async copies in the TMA kernel (bench/NOTES.md
-// v18b). PlanOptions::exact_scores keeps the fragment kernel (fp16 products, fp32 sums).
+// fp8_e4m3 and bf16 tiles of <= 16 rows on dense page tables with pages of >= 8 tokens run the
+// TMA kernels instead (decode_fp8_tma_kernel.cuh, decode_bf16_tma_kernel.cuh: tensor-map copies
+// of page runs, S on wgmma); fp8_e4m3 when kpe_scale / ckv_scale is a power of two (q_pe carries
+// it exactly; one cache scale, as PagedLatentCache keeps, gives 1). Smaller pages and sparse
+// lists are per token, where the fragment kernel's one bulk copy a token beat cp.async copies in
+// the TMA kernel (bench/NOTES.md v18b). PlanOptions::exact_scores keeps the fp8 fragment kernel
+// (fp16 products, fp32 sums).
 const KernelEntry kFp8TmaKernel{&mla_decode_fp8_tma_kernel, fp8tma::kSmemBytes};
+const KernelEntry kBf16TmaKernel{&mla_decode_bf16_tma_kernel, bf16tma::kSmemBytes};
 bool use_tma_kernel(const PlanState& plan, KvFormat format, int row_tiles, float scale_nope,
                     float scale_pe) {
+  if (row_tiles != 1 || plan.page_size < 8 || plan.topk != 0) return false;
+  if (format == KvFormat::bf16) return true;
   int e = 0;
   const bool pow2 = std::isnormal(scale_nope) && std::isnormal(scale_pe) &&
                     std::frexp(scale_pe / scale_nope, &e) == 0.5f;
-  return format == KvFormat::fp8_e4m3 && row_tiles == 1 && plan.page_size >= 8 && plan.topk == 0 &&
-         pow2 && !plan.options.exact_scores;
+  return format == KvFormat::fp8_e4m3 && pow2 && !plan.options.exact_scores;
 }
 
 const KernelEntry& decode_kernel(KvFormat format, int row_tiles, bool tma = false) {
-  if (tma) return kFp8TmaKernel;
+  if (tma) return format == KvFormat::bf16 ? kBf16TmaKernel : kFp8TmaKernel;
   return kDecodeKernels[static_cast<int>(format)][row_tile_index(row_tiles)];
 }
 
@@ -329,10 +333,11 @@ void cuda_run(PlanState& plan, const RunArgs& args) {
   const std::int64_t grid = b.graph ? b.cap_tiles : b.num_tiles;
   const bool tma = use_tma_kernel(plan, kv.format, b.row_tiles, p.scale_nope, p.scale_pe);
   if (tma && grid > 0) {
-    encode_page_map(p.ckv_map, p.ckv, 512, plan.page_size, plan.num_pages, p.ckv_token_stride,
-                    p.ckv_page_stride, "kv.ckv");
-    encode_page_map(p.kpe_map, p.kpe, 64, plan.page_size, plan.num_pages, p.kpe_token_stride,
-                    p.kpe_page_stride, "kv.kpe");
+    const int element = kv.format == KvFormat::bf16 ? 2 : 1;  // bytes
+    encode_page_map(p.ckv_map, p.ckv, 512 * element, plan.page_size, plan.num_pages,
+                    p.ckv_token_stride, p.ckv_page_stride, "kv.ckv");
+    encode_page_map(p.kpe_map, p.kpe, 64 * element, plan.page_size, plan.num_pages,
+                    p.kpe_token_stride, p.kpe_page_stride, "kv.kpe");
   }
   // Both launches are programmatic dependents of the kernel before them (pdl_wait in the
   // kernels): a launch overlaps that kernel's end instead of following it

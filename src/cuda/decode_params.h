@@ -62,9 +62,10 @@ struct DecodeParams {
   std::int64_t lse_stride[2];
   float* partial_o;    // [partial_rows, 512]
   float* partial_lse;  // [partial_rows]
-  // fp8_e4m3 tiles of the TMA kernel (decode_fp8_tma_kernel.cuh) only: ckv as [num_pages,
-  // page_size, 512] bytes (boxes of 128 x min(page_size, 64) x 1, 128-byte swizzle) and kpe as
-  // [num_pages, page_size, 64] (boxes of 64 x min(page_size, 64) x 1, 64-byte swizzle).
+  // The TMA kernels only (decode_fp8_tma_kernel.cuh, decode_bf16_tma_kernel.cuh): ckv as
+  // [num_pages, page_size, 512 x element bytes] (boxes of 128 x min(page_size, 64) x 1, 128-byte
+  // swizzle) and kpe as [num_pages, page_size, 64 x element bytes] (fp8: boxes of 64, 64-byte
+  // swizzle; bf16: 128, 128-byte swizzle).
   TensorMap ckv_map, kpe_map;
 };
 

@@ -234,6 +234,11 @@ const GridCase kGrid[] = {
     {BF, 128, 64, 3, 1, 1, false, 0, 700, FU, 1.0f, 1.0f},
     {BF, 32, 64, 3, 1, 2, true, 1, 900, SP, 1.0f, 1.0f},
     {BF, 64, 1, 3, 1, 1, false, 0, 600, FU, 1.0f, 1.0f},
+    // <= 16-row bf16 tiles on pages of >= 8 tokens (the bf16 TMA kernel): page sizes 128, 8 and
+    // 32 (several page runs a block), split and fused layouts, lengths from 0, causal multi-token
+    {BF, 16, 128, 3, 1, 1, false, 1, 900, SP, 1.0f, 1.0f},
+    {BF, 8, 8, 4, 1, 2, true, 1, 600, FU, 1.0f, 1.0f},
+    {BF, 4, 32, 3, 1, 4, true, 0, 700, SP, 1.0f, 1.0f},
 };
 
 class CudaDecodeGrid : public ::testing::TestWithParam<GridCase> {};
