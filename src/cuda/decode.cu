@@ -148,7 +148,8 @@ constexpr int row_tile_index(int mt) {
 }
 // Tiles of 17-64 rows (two or four m-tiles) of fp8_e4m3 and bf16 caches run the warp-specialized
 // wgmma kernel (decode_wgmma_ws_kernel.cuh); fp8_e4m3 with <= 16 rows has the fragment kernel
-// (decode_fp8_kernel.cuh); the rest (the block format, bf16 <= 16 rows) the shared-tile kernel.
+// (decode_fp8_kernel.cuh); the rest (the block format, bf16 <= 16 rows) the shared-tile kernel,
+// unless use_tma_kernel below picks a TMA kernel.
 const std::array<std::array<KernelEntry, 3>, 3> kDecodeKernels = {{
     {entry<KvFormat::bf16, 1>(), ws_entry<true>(), ws_entry<true>()},
     {KernelEntry{&mla_decode_fp8_kernel, fp8frag::kSmemBytes}, ws_entry<false>(),

@@ -1,8 +1,9 @@
 // The shared-memory-tile MLA decode kernel: one CTA per WorkTile (request, query block, head
-// block, kv range). It runs the 656-byte block-format caches and bf16 tiles of <= 16 rows;
-// fp8_e4m3 tiles of <= 16 rows have their own kernels (decode_fp8_tma_kernel.cuh on pages of
-// >= 8 tokens, decode_fp8_kernel.cuh otherwise), and fp8_e4m3 and bf16 tiles of 17-64 rows the
-// warp-specialized one (decode_wgmma_ws_kernel.cuh).
+// block, kv range). It runs the 656-byte block-format caches and bf16 tiles of <= 16 rows on
+// pages of < 8 tokens or sparse lists; bf16 tiles of <= 16 rows on larger pages run
+// decode_bf16_tma_kernel.cuh, fp8_e4m3 tiles of <= 16 rows their own kernels
+// (decode_fp8_tma_kernel.cuh on pages of >= 8 tokens, decode_fp8_kernel.cuh otherwise), and
+// fp8_e4m3 and bf16 tiles of 17-64 rows the warp-specialized one (decode_wgmma_ws_kernel.cuh).
 //
 // Per block of 64 cache tokens:
 //   1. cp.async the tokens' raw bytes (any format, paged or gathered per token, 16-byte vectors)
