@@ -76,7 +76,6 @@ __device__ __forceinline__ int q_offset(int n, int c) {
 __global__ void __launch_bounds__(bf16tma::kThreads, 1)
     mla_decode_bf16_tma_kernel(const __grid_constant__ DecodeParams p) {
   using namespace bf16tma;
-  using fp8tma::block_max;
   DeviceTile tile;
   if (!decode::load_tile(p, tile)) return;
   std::uint8_t* smem = dynamic_smem_1k();
@@ -91,43 +90,12 @@ __global__ void __launch_bounds__(bf16tma::kThreads, 1)
   const int kv_len = tile.kv_len;
   const int n_blocks = (t.kv_end - t.kv_begin + kBlockN - 1) / kBlockN;
 
-  // ---- copies: lane i of warp 0 copies the block's page run i (np runs of `run` tokens) ----
-  const int run = min(1 << p.page_shift, kBlockN);
-  const int np = kBlockN / run;
-  const bool copier = warp == 0 && lane < np;
-  const std::int32_t kv_base = tile.kv_base;
-  auto run_first = [&](int blk) { return t.kv_begin + blk * kBlockN + lane * run; };
-  auto entry_of = [&](int blk) {  // loaded a block before its copies are issued
-    const int j = run_first(blk);
-    return j < t.kv_end ? p.kv_indices[kv_base + (j >> p.page_shift)] : 0;
-  };
-  auto issue = [&](int blk, std::int32_t page, int stage) {
-    const int j = run_first(blk);
-    void* bar = smem + kBar + 8 * stage;
-    if (j < t.kv_end) {
-      mbar_arrive_expect_tx(bar, run * 1152);
-      const int y = j & ((1 << p.page_shift) - 1);
-      std::uint8_t* dst = smem + kKv + stage * kStageBytes + lane * run * 128;
-#pragma unroll
-      for (int c = 0; c < 8; ++c) tma_load_3d(dst + c * kSlab, &p.ckv_map, 128 * c, y, page, bar);
-      tma_load_3d(dst + 8 * kSlab, &p.kpe_map, 0, y, page, bar);
-    } else {
-      mbar_arrive(bar);
-    }
-  };
+  // ---- copies (fp8tma::PageRunCopier): page runs as eight ckv slabs and a kpe slab ----
+  const fp8tma::PageRunCopier<8, 128> runs(p, tile, warp, lane);
+  const bool copier = runs.copier;
   std::int32_t entry0 = 0, next_entry = 0;
-  if (copier) {
-    entry0 = entry_of(0);
-    next_entry = entry_of(1);
-  }
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) mbar_init(smem + kBar + 8 * s, np);
-    for (int s = 0; s < kStages; ++s) mbar_init(smem + kEmpty + 8 * s, kWarps);
-    fence_mbar_init();
-  }
-  // The tile and page-table entries above are the plan's; q and the cache may come from the
-  // kernel before.
-  decode::begin_after_previous_kernel();
+  static_assert(kStages == 2, "PageRunCopier::start sets up two stages");
+  runs.start(p, smem + kBar, smem + kEmpty, entry0, next_entry);
 
   // ---- Q: 16 threads a row read it (4.5 16-byte chunks each) into the B operand ----
   {
@@ -142,13 +110,14 @@ __global__ void __launch_bounds__(bf16tma::kThreads, 1)
     fence_proxy_async();  // the generic stores above, read by wgmma (async proxy)
   }
   __syncthreads();
-  if (copier && n_blocks > 0) issue(0, entry0, 0);
+  if (copier && n_blocks > 0) runs.issue(p, 0, entry0, smem + kKv, smem + kBar);
 
-  // This thread's S entries: tokens tok0, tok1 of the block, rows pr, pr + 1 (its P rows).
-  const int tok0 = 16 * wr + g, tok1 = tok0 + 8;
+  // This thread's S entries: tokens tok0, tok0 + 8 of the block, rows pr, pr + 1 (its P rows).
+  const int tok0 = 16 * wr + g;
   const int pr = 8 * wg + 2 * tq;
   const int limit_p[2] = {decode::row_limit(p, t, pr, kv_len, qo_len),
                           decode::row_limit(p, t, pr + 1, kv_len, qo_len)};
+  const float sc[2] = {p.scale_nope, p.scale_nope};  // bf16: one scale for every product
   // Running maxima: of the P rows pr, pr + 1 and of the O rows g, g + 8 (the same values).
   float max_p[2] = {-INFINITY, -INFINITY}, max_o[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.0f, 0.0f};  // rows pr, pr + 1, this thread's tokens only
@@ -173,8 +142,9 @@ __global__ void __launch_bounds__(bf16tma::kThreads, 1)
     if (copier && blk + 1 < n_blocks && blk >= 1)
       mbar_wait(smem + kEmpty + 8 * ((blk + 1) % kStages), ((blk - 1) / kStages) % 2);
     if (copier && blk + 1 < n_blocks) {
-      issue(blk + 1, next_entry, (blk + 1) % kStages);
-      next_entry = entry_of(blk + 2);
+      const int next = (blk + 1) % kStages;
+      runs.issue(p, blk + 1, next_entry, smem + kKv + next * kStageBytes, smem + kBar + 8 * next);
+      next_entry = runs.entry(p, blk + 2);
     }
     mbar_wait(smem + kBar + 8 * stage, (blk / kStages) % 2);  // block blk landed
     std::uint8_t* kv = smem + kKv + stage * kStageBytes;
@@ -187,76 +157,17 @@ __global__ void __launch_bounds__(bf16tma::kThreads, 1)
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_operand(d);
-    // d[4 i + e]: rows 8 i + 2 tq (+ 1), entries (tok0, r), (tok0, r + 1), (tok1, r), (tok1, r +
-    // 1). Selects, not an index by wg: a register array indexed at run time would live in local
-    // memory.
-    float mine[4], theirs[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      mine[e] = wg == 0 ? d[e] : d[4 + e];
-      theirs[e] = wg == 0 ? d[4 + e] : d[e];
-    }
-    xch[(1 - wg) * 128 + threadIdx.x % 128] =
-        make_float4(theirs[0], theirs[1], theirs[2], theirs[3]);
-    __syncthreads();
-    const float4 recv = xch[wg * 128 + threadIdx.x % 128];
-    const float full[4] = {mine[0] + recv.x, mine[1] + recv.y, mine[2] + recv.z, mine[3] + recv.w};
-
-    // Rows past the tile's end: zeros in the ckv slabs, so that P V (P = 0 there) reads finite
-    // values. S is done with the stage (both warpgroups waited on their products above).
+    // d[4 i + e]: rows 8 i + 2 tq (+ 1) of tokens tok0, tok1 (fp8tma::exchange_rows's order)
+    const float rows0[4] = {d[0], d[1], d[2], d[3]}, rows1[4] = {d[4], d[5], d[6], d[7]};
+    float full[4];
+    fp8tma::exchange_rows(rows0, rows1, wg, xch, full);
     const int j0 = t.kv_begin + blk * kBlockN;
     const int n_valid = min(kBlockN, t.kv_end - j0);
-    if (n_valid < kBlockN) {
-      for (int i = threadIdx.x; i < (kBlockN - n_valid) * 64; i += kThreads) {
-        const int row = n_valid + i / 64;
-        *reinterpret_cast<uint4*>(kv + (i / 8 % 8) * kSlab + row * 128 + i % 8 * 16) =
-            make_uint4(0, 0, 0, 0);
-      }
-      fence_proxy_async();  // before a later block's TMA copies into these bytes
-    }
+    if (n_valid < kBlockN) fp8tma::zero_rows_past<8>(kv, n_valid);
 
-    // ---- scores, masks, row max over the block ----
-    float s[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int k = e % 2, tok = e < 2 ? tok0 : tok1;
-      const bool ok = j0 + tok < t.kv_end && j0 + tok <= limit_p[k];
-      s[e] = ok ? full[e] * p.scale_nope : -INFINITY;
-    }
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      float mx = fmaxf(s[k], s[2 + k]);
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-      if (g == 0) red_max[(pr + k) * 4 + wr] = mx;
-    }
-    __syncthreads();
-
-    // ---- online softmax: P rows pr, pr + 1 into shared memory; O rows g, g + 8 rescaled ----
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const int r = pr + k;
-      const float mx = block_max(red_max + r * 4, max_p[k]);
-      const float base = mx == -INFINITY ? 0.0f : mx;  // rows with nothing visible yet
-      const float alpha = fast_exp2(max_p[k] - base);
-      max_p[k] = mx;
-      const __nv_bfloat16 pa = __float2bfloat16_rn(fast_exp2(s[k] - base));
-      const __nv_bfloat16 pb = __float2bfloat16_rn(fast_exp2(s[2 + k] - base));
-      p_s[r * kPElems + tok0] = __bfloat16_as_ushort(pa);
-      p_s[r * kPElems + tok1] = __bfloat16_as_ushort(pb);
-      // Sum what the tensor cores multiply (the rounded p), so o / l stays exact.
-      row_sum[k] = row_sum[k] * alpha + (__bfloat162float(pa) + __bfloat162float(pb));
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float mx = block_max(red_max + (g + 8 * h) * 4, max_o[h]);
-      const float base = mx == -INFINITY ? 0.0f : mx;
-      const float alpha = fast_exp2(max_o[h] - base);
-      max_o[h] = mx;
-      fp8frag::rescale_rows(o, h, alpha);
-    }
-    __syncthreads();
+    // ---- scores, masks, block row max, online softmax: P rows pr, pr + 1; O rows g, g + 8 ----
+    fp8tma::softmax_block<__nv_bfloat16>(full, sc, j0, t.kv_end, limit_p, tok0, pr, g, wr, red_max,
+                                         p_s, max_p, max_o, row_sum, o);
 
     // ---- O += P V: the warp's columns 64 warp + [0, 64), n-tile n = columns 8 n .. 8 n + 7 ----
     const std::uint8_t* v_slab = kv + warp * kSlab;
@@ -279,23 +190,13 @@ __global__ void __launch_bounds__(bf16tma::kThreads, 1)
 
   // ---- epilogue: row sums over the warpgroup, then o / l and lse ----
   float* red_sum = reinterpret_cast<float*>(smem + kRed);
-  __syncthreads();  // red_max (same memory) is no longer read
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    float sum = row_sum[k];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 4);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 8);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 16);
-    if (g == 0) red_sum[(pr + k) * 4 + wr] = sum;
-  }
-  __syncthreads();
+  fp8tma::reduce_row_sums(row_sum, pr, g, wr, red_sum);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = g + 8 * h;
     if (r >= rows) continue;
-    const float4 l4 = *reinterpret_cast<const float4*>(red_sum + r * 4);
     const decode::RowEnd end =
-        decode::finish_row(max_o[h], (l4.x + l4.y) + (l4.z + l4.w), p.out_scale);
+        decode::finish_row(max_o[h], fp8tma::row_total(red_sum, r), p.out_scale);
     const int tr = r / t.head_count;
     const std::int64_t head = t.head_begin + r % t.head_count;
     const std::int64_t token = q_first + tr;

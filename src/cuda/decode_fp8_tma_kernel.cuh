@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "src/cuda/cuda_util.cuh"
 #include "src/cuda/decode_fp8_kernel.cuh"
@@ -144,6 +145,185 @@ __device__ __forceinline__ float block_max(const float* red_row, float running) 
   return fmaxf(fmaxf(fmaxf(m.x, m.y), fmaxf(m.z, m.w)), running);
 }
 
+// ---- the block steps both TMA kernels share (this one and decode_bf16_tma_kernel.cuh) ----
+// The copies: lane i of warp 0 copies page run i of a block (np runs of run = min(page_size, 64)
+// tokens) as kCkvSlabs ckv slabs of 128 bytes a token and one kpe slab of kKpeRow bytes a token
+// (the tensor maps' boxes), completing on the stage's mbarrier (kTokenBytes a token); a
+// block's page-table entries are loaded a block before its copies.
+template <int kCkvSlabs, int kKpeRow>
+struct PageRunCopier {
+  static constexpr int kTokenBytes = kCkvSlabs * 128 + kKpeRow;
+  int lane, run, np, kv_begin, kv_end, kv_base;
+  bool copier;
+  __device__ PageRunCopier(const DecodeParams& p, const DeviceTile& tile, int warp, int l)
+      : lane(l),
+        run(min(1 << p.page_shift, kBlockN)),
+        np(kBlockN / run),
+        kv_begin(tile.tile.kv_begin),
+        kv_end(tile.tile.kv_end),
+        kv_base(tile.kv_base),
+        copier(warp == 0 && l < np) {}
+  __device__ int first(int blk) const { return kv_begin + blk * kBlockN + lane * run; }
+  __device__ std::int32_t entry(const DecodeParams& p, int blk) const {
+    const int j = first(blk);
+    return j < kv_end ? p.kv_indices[kv_base + (j >> p.page_shift)] : 0;
+  }
+  // Before the kernel reads anything the kernel before it may write: the first two blocks'
+  // entries (copier lanes), the stages' mbarriers (full: np arrivals, released: kWarps), then
+  // decode::begin_after_previous_kernel.
+  __device__ void start(const DecodeParams& p, std::uint8_t* full, std::uint8_t* released,
+                        std::int32_t& entry0, std::int32_t& entry1) const {
+    if (copier) {
+      entry0 = entry(p, 0);
+      entry1 = entry(p, 1);
+    }
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < 2; ++s) mbar_init(full + 8 * s, np);
+      for (int s = 0; s < 2; ++s) mbar_init(released + 8 * s, kWarps);
+      fence_mbar_init();
+    }
+    decode::begin_after_previous_kernel();
+  }
+  // Block blk's run `lane` (page `page`) into the stage at `dst`; an arrival alone past the end.
+  __device__ void issue(const DecodeParams& p, int blk, std::int32_t page, std::uint8_t* dst,
+                        void* bar) const {
+    const int j = first(blk);
+    if (j < kv_end) {
+      mbar_arrive_expect_tx(bar, run * kTokenBytes);
+      const int y = j & ((1 << p.page_shift) - 1);
+#pragma unroll
+      for (int c = 0; c < kCkvSlabs; ++c)
+        tma_load_3d(dst + c * kSlab + lane * run * 128, &p.ckv_map, 128 * c, y, page, bar);
+      tma_load_3d(dst + kCkvSlabs * kSlab + lane * run * kKpeRow, &p.kpe_map, 0, y, page, bar);
+    } else {
+      mbar_arrive(bar);
+    }
+  }
+};
+
+// A thread's S entries: tokens tok0 = 16 (warp % 4) + g and tok0 + 8 of the block, P rows
+// pr = 8 wg + 2 tq and pr + 1, as (tok0, pr), (tok0, pr + 1), (tok0 + 8, pr), (tok0 + 8, pr + 1).
+
+// The two warpgroups' partial products summed: rows0 / rows1 are this thread's entries of rows
+// 2 tq (+ 1) and 8 + 2 tq (+ 1); warpgroup wg keeps rows 8 wg .. 8 wg + 7 and sends the others
+// through xch ([warpgroup][thread] float4). One CTA barrier.
+__device__ __forceinline__ void exchange_rows(const float (&rows0)[4], const float (&rows1)[4],
+                                              int wg, float4* xch, float (&full)[4]) {
+  // Selects, not an index by wg: a register array indexed at run time would live in local memory.
+  float mine[4], theirs[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    mine[e] = wg == 0 ? rows0[e] : rows1[e];
+    theirs[e] = wg == 0 ? rows1[e] : rows0[e];
+  }
+  xch[(1 - wg) * 128 + threadIdx.x % 128] = make_float4(theirs[0], theirs[1], theirs[2], theirs[3]);
+  __syncthreads();
+  const float4 recv = xch[wg * 128 + threadIdx.x % 128];
+  full[0] = mine[0] + recv.x;
+  full[1] = mine[1] + recv.y;
+  full[2] = mine[2] + recv.z;
+  full[3] = mine[3] + recv.w;
+}
+
+// Rows n_valid .. 63 of a stage's first kSlabs slabs (the ones P V reads) set to zero: P is 0
+// there, but 0 * NaN would not be. The stage's S is done (both warpgroups waited on their
+// products before the exchange's barrier).
+template <int kSlabs>
+__device__ __forceinline__ void zero_rows_past(std::uint8_t* kv, int n_valid) {
+  for (int i = threadIdx.x; i < (kBlockN - n_valid) * kSlabs * 8; i += kThreads) {
+    const int row = n_valid + i / (kSlabs * 8);
+    *reinterpret_cast<uint4*>(kv + (i / 8 % kSlabs) * kSlab + row * 128 + i % 8 * 16) =
+        make_uint4(0, 0, 0, 0);
+  }
+  fence_proxy_async();  // before a later block's TMA copies into these bytes
+}
+
+// p rounded to P's type (fp16 for the fp8 kernel's P V, bf16 for the bf16 kernel's): its bits,
+// and the value the tensor cores will multiply.
+template <class PT>
+__device__ __forceinline__ std::uint16_t p_bits(float p, float& rounded) {
+  if constexpr (std::is_same_v<PT, __half>) {
+    const __half h = __float2half_rn(p);
+    rounded = __half2float(h);
+    return __half_as_ushort(h);
+  } else {
+    const __nv_bfloat16 b = __float2bfloat16_rn(p);
+    rounded = __bfloat162float(b);
+    return __bfloat16_as_ushort(b);
+  }
+}
+
+// One block's online softmax for a thread's S entries `full`: scores full * sc (sc: the rows'
+// scales) masked past the tile's end (kv_end, tokens j0 + ..) and the causal limits, the rows'
+// block maxima over the warpgroup's four warps (red_max[row][4]), P rows pr, pr + 1 into p_s,
+// running sums of the rounded P, and O's rows g, g + 8 rescaled. Two CTA barriers.
+template <class PT>
+__device__ __forceinline__ void softmax_block(const float (&full)[4], const float (&sc)[2], int j0,
+                                              int kv_end, const int (&limit_p)[2], int tok0, int pr,
+                                              int g, int wr, float* red_max, std::uint16_t* p_s,
+                                              float (&max_p)[2], float (&max_o)[2],
+                                              float (&row_sum)[2], float (&o)[8][4]) {
+  const int tok1 = tok0 + 8;
+  float s[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int k = e % 2, tok = e < 2 ? tok0 : tok1;
+    const bool ok = j0 + tok < kv_end && j0 + tok <= limit_p[k];
+    s[e] = ok ? full[e] * sc[k] : -INFINITY;
+  }
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    float mx = fmaxf(s[k], s[2 + k]);
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+    if (g == 0) red_max[(pr + k) * 4 + wr] = mx;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int r = pr + k;
+    const float mx = block_max(red_max + r * 4, max_p[k]);
+    const float base = mx == -INFINITY ? 0.0f : mx;  // rows with nothing visible yet
+    const float alpha = fast_exp2(max_p[k] - base);
+    max_p[k] = mx;
+    float pa, pb;
+    p_s[r * fp8frag::kPElems + tok0] = p_bits<PT>(fast_exp2(s[k] - base), pa);
+    p_s[r * fp8frag::kPElems + tok1] = p_bits<PT>(fast_exp2(s[2 + k] - base), pb);
+    // Sum what the tensor cores multiply (the rounded p), so o / l stays exact.
+    row_sum[k] = row_sum[k] * alpha + (pa + pb);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float mx = block_max(red_max + (g + 8 * h) * 4, max_o[h]);
+    const float base = mx == -INFINITY ? 0.0f : mx;
+    const float alpha = fast_exp2(max_o[h] - base);
+    max_o[h] = mx;
+    fp8frag::rescale_rows(o, h, alpha);
+  }
+  __syncthreads();
+}
+
+// The P rows' sums over the warpgroup into red_sum[row][4] (red_max's memory: a barrier first),
+// then a barrier; row_total adds a row's four.
+__device__ __forceinline__ void reduce_row_sums(const float (&row_sum)[2], int pr, int g, int wr,
+                                                float* red_sum) {
+  __syncthreads();  // red_max (same memory) is no longer read
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    float sum = row_sum[k];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 8);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 16);
+    if (g == 0) red_sum[(pr + k) * 4 + wr] = sum;
+  }
+  __syncthreads();
+}
+__device__ __forceinline__ float row_total(const float* red_sum, int r) {
+  const float4 l4 = *reinterpret_cast<const float4*>(red_sum + r * 4);
+  return (l4.x + l4.y) + (l4.z + l4.w);
+}
+
 }  // namespace fp8tma
 
 __global__ void __maxnreg__(decode::kMaxRegsTwoCtas)
@@ -167,45 +347,12 @@ __global__ void __maxnreg__(decode::kMaxRegsTwoCtas)
   const int kv_len = tile.kv_len;
   const int n_blocks = (t.kv_end - t.kv_begin + kBlockN - 1) / kBlockN;
 
-  // ---- copies: lane i of warp 0 copies the block's page run i (np runs of `run` tokens) ----
-  const int run = min(1 << p.page_shift, kBlockN);
-  const int np = kBlockN / run;
-  const bool copier = warp == 0 && lane < np;
-  const std::int32_t kv_base = tile.kv_base;
-  auto run_first = [&](int blk) { return t.kv_begin + blk * kBlockN + lane * run; };
-  auto entry_of = [&](int blk) {  // loaded a block before its copies are issued
-    const int j = run_first(blk);
-    return j < t.kv_end ? p.kv_indices[kv_base + (j >> p.page_shift)] : 0;
-  };
-  auto issue = [&](int blk, std::int32_t page, int stage) {
-    const int j = run_first(blk);
-    void* bar = smem + kBar + 8 * stage;
-    if (j < t.kv_end) {
-      mbar_arrive_expect_tx(bar, run * 576);
-      const int y = j & ((1 << p.page_shift) - 1);
-      std::uint8_t* dst = smem + kKv + stage * kStageBytes;
-#pragma unroll
-      for (int c = 0; c < 4; ++c)
-        tma_load_3d(dst + c * kSlab + lane * run * 128, &p.ckv_map, 128 * c, y, page, bar);
-      tma_load_3d(dst + 4 * kSlab + lane * run * 64, &p.kpe_map, 0, y, page, bar);
-    } else {
-      mbar_arrive(bar);
-    }
-  };
+  // ---- copies (PageRunCopier): page runs as four ckv slabs and a 64-byte kpe slab ----
+  const PageRunCopier<4, 64> runs(p, tile, warp, lane);
+  const bool copier = runs.copier;
   std::int32_t entry0 = 0, next_entry = 0;
-  if (copier) {
-    entry0 = entry_of(0);
-    next_entry = entry_of(1);
-  }
-
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) mbar_init(smem + kBar + 8 * s, np);
-    for (int s = 0; s < kStages; ++s) mbar_init(smem + kEmpty + 8 * s, kWarps);
-    fence_mbar_init();
-  }
-  // The tile and page-table entries above are the plan's; q and the cache may come from the
-  // kernel before.
-  decode::begin_after_previous_kernel();
+  static_assert(kStages == 2, "PageRunCopier::start sets up two stages");
+  runs.start(p, smem + kBar, smem + kEmpty, entry0, next_entry);
 
   // ---- Q: 16 threads a row read it (4.5 16-byte chunks each), find the row's exponent, and
   // write its hi and lo codes into the B operand ----
@@ -213,7 +360,7 @@ __global__ void __maxnreg__(decode::kMaxRegsTwoCtas)
   uint4 q_v[5];
   fp8frag::load_q_chunks(p, t, q_first, rows, q_r, q_part, q_v);
   __syncthreads();
-  if (copier && n_blocks > 0) issue(0, entry0, 0);
+  if (copier && n_blocks > 0) runs.issue(p, 0, entry0, smem + kKv, smem + kBar);
   {
     std::uint32_t mn = 0, mp = 0;  // |q| maxima as float bits (NaN above inf)
 #pragma unroll
@@ -249,8 +396,8 @@ __global__ void __maxnreg__(decode::kMaxRegsTwoCtas)
   }
   __syncthreads();
 
-  // This thread's S entries: tokens tok0, tok1 of the block, rows pr, pr + 1 (its P rows).
-  const int tok0 = 16 * wr + g, tok1 = tok0 + 8;
+  // This thread's S entries: tokens tok0, tok0 + 8 of the block, rows pr, pr + 1 (its P rows).
+  const int tok0 = 16 * wr + g;
   const int pr = 8 * wg + 2 * tq;
   const int limit_p[2] = {decode::row_limit(p, t, pr, kv_len, qo_len),
                           decode::row_limit(p, t, pr + 1, kv_len, qo_len)};
@@ -287,8 +434,9 @@ __global__ void __maxnreg__(decode::kMaxRegsTwoCtas)
     if (copier && blk + 1 < n_blocks && blk >= 1)
       mbar_wait(smem + kEmpty + 8 * ((blk + 1) % kStages), ((blk - 1) / kStages) % 2);
     if (copier && blk + 1 < n_blocks) {
-      issue(blk + 1, next_entry, (blk + 1) % kStages);
-      next_entry = entry_of(blk + 2);
+      const int next = (blk + 1) % kStages;
+      runs.issue(p, blk + 1, next_entry, smem + kKv + next * kStageBytes, smem + kBar + 8 * next);
+      next_entry = runs.entry(p, blk + 2);
     }
     mbar_wait(smem + kBar + 8 * stage, (blk / kStages) % 2);  // block blk landed
     std::uint8_t* kv = smem + kKv + stage * kStageBytes;
@@ -316,74 +464,18 @@ __global__ void __maxnreg__(decode::kMaxRegsTwoCtas)
     for (int i = 0; i < 2; ++i)
 #pragma unroll
       for (int e = 0; e < 4; ++e) half[i][e] = d[4 * i + e] + d[4 * i + 8 + e] * 0.0625f;
-    // Selects, not half[wg]: a register array indexed at run time would live in local memory.
-    float mine[4], theirs[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      mine[e] = wg == 0 ? half[0][e] : half[1][e];
-      theirs[e] = wg == 0 ? half[1][e] : half[0][e];
-    }
-    xch[(1 - wg) * 128 + threadIdx.x % 128] =
-        make_float4(theirs[0], theirs[1], theirs[2], theirs[3]);
-    __syncthreads();
-    const float4 recv = xch[wg * 128 + threadIdx.x % 128];
-    const float full[4] = {mine[0] + recv.x, mine[1] + recv.y, mine[2] + recv.z, mine[3] + recv.w};
+    float full[4];
+    exchange_rows(half[0], half[1], wg, xch, full);
 
     // Rows past the tile's end: zeros, so that P V (P = 0 there) reads finite values. S is done
     // with the stage (both warpgroups waited on their products before the barrier above).
     const int j0 = t.kv_begin + blk * kBlockN;
     const int n_valid = min(kBlockN, t.kv_end - j0);
-    if (n_valid < kBlockN) {
-      for (int i = threadIdx.x; i < (kBlockN - n_valid) * 32; i += kThreads) {
-        const int row = n_valid + i / 32;
-        *reinterpret_cast<uint4*>(kv + (i / 8 % 4) * kSlab + row * 128 + i % 8 * 16) =
-            make_uint4(0, 0, 0, 0);
-      }
-      fence_proxy_async();  // before a later block's TMA copies into these bytes
-    }
+    if (n_valid < kBlockN) zero_rows_past<4>(kv, n_valid);
 
-    // ---- scores, masks, row max over the block ----
-    float s[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int k = e % 2, tok = e < 2 ? tok0 : tok1;
-      const bool ok = j0 + tok < t.kv_end && j0 + tok <= limit_p[k];
-      s[e] = ok ? full[e] * sc[k] : -INFINITY;
-    }
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      float mx = fmaxf(s[k], s[2 + k]);
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-      if (g == 0) red_max[(pr + k) * 4 + wr] = mx;
-    }
-    __syncthreads();
-
-    // ---- online softmax: P rows pr, pr + 1 into shared memory; O rows g, g + 8 rescaled ----
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const int r = pr + k;
-      const float mx = block_max(red_max + r * 4, max_p[k]);
-      const float base = mx == -INFINITY ? 0.0f : mx;  // rows with nothing visible yet
-      const float alpha = fast_exp2(max_p[k] - base);
-      max_p[k] = mx;
-      const __half pa = __float2half_rn(fast_exp2(s[k] - base));
-      const __half pb = __float2half_rn(fast_exp2(s[2 + k] - base));
-      p_s[r * kPElems + tok0] = __half_as_ushort(pa);
-      p_s[r * kPElems + tok1] = __half_as_ushort(pb);
-      // Sum what the tensor cores multiply (the rounded p), so o / l stays exact.
-      row_sum[k] = row_sum[k] * alpha + (__half2float(pa) + __half2float(pb));
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float mx = block_max(red_max + (g + 8 * h) * 4, max_o[h]);
-      const float base = mx == -INFINITY ? 0.0f : mx;
-      const float alpha = fast_exp2(max_o[h] - base);
-      max_o[h] = mx;
-      fp8frag::rescale_rows(o, h, alpha);
-    }
-    __syncthreads();
+    // ---- scores, masks, block row max, online softmax: P rows pr, pr + 1; O rows g, g + 8 ----
+    softmax_block<__half>(full, sc, j0, t.kv_end, limit_p, tok0, pr, g, wr, red_max, p_s, max_p,
+                          max_o, row_sum, o);
 
     // ---- O += P V: the warp's columns 64 warp + [0, 64); n-tile n, fragment column g is
     // column 64 warp + 8 g + n (the fragment kernel's mapping) ----
@@ -404,23 +496,12 @@ __global__ void __maxnreg__(decode::kMaxRegsTwoCtas)
 
   // ---- epilogue: row sums over the warpgroup, then o / l and lse ----
   float* red_sum = reinterpret_cast<float*>(smem + kRed);
-  __syncthreads();  // red_max (same memory) is no longer read
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    float sum = row_sum[k];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 4);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 8);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 16);
-    if (g == 0) red_sum[(pr + k) * 4 + wr] = sum;
-  }
-  __syncthreads();
+  reduce_row_sums(row_sum, pr, g, wr, red_sum);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = g + 8 * h;
     if (r >= rows) continue;
-    const float4 l4 = *reinterpret_cast<const float4*>(red_sum + r * 4);
-    const decode::RowEnd end =
-        decode::finish_row(max_o[h], (l4.x + l4.y) + (l4.z + l4.w), p.out_scale);
+    const decode::RowEnd end = decode::finish_row(max_o[h], row_total(red_sum, r), p.out_scale);
     fp8frag::write_row(p, t, tile, warp, tq, h, r, o, end);
   }
 }
