@@ -30,14 +30,14 @@ namespace fp8mla::detail {
 namespace bf16tma {
 
 using fp8frag::kBlockN;
+using fp8frag::kPElems;  // P's row pitch (here bf16): ldmatrix conflict-free
 using fp8frag::kRows;
 using fp8frag::kThreads;
 using fp8frag::kWarps;
 inline constexpr int kStages = 2;
-inline constexpr int kSlab = kBlockN * 128;    // 64 dims (128 bytes) of a block's tokens
+using fp8tma::kSlab;                           // 64 dims (128 bytes) of a block's tokens
 inline constexpr int kStageBytes = 9 * kSlab;  // ckv slabs 0-7, kpe slab 8
 inline constexpr int kQSlab = kRows * 128;     // 64 dims of the q rows
-inline constexpr int kPElems = kBlockN + 8;    // bf16 P row pitch: ldmatrix conflict-free
 // Offsets from the 1024-byte-aligned base (swizzle atoms).
 inline constexpr int kKv = 0;
 inline constexpr int kQ = kKv + kStages * kStageBytes;
