@@ -144,7 +144,7 @@ Plan plan(const Problem& problem, const PlanOptions& options = {});
 // errors as plan(), plus invalid_argument if p is not a graph-mode plan or num_heads, format,
 // page size, topk or device differ from the original. Synchronous on the host (call it
 // outside capture, like FlashInfer's plan). A captured run() keeps the cache view it was
-// captured with (pointers, strides and, for the fp8 TMA kernel, a tensor map bounded by that
+// captured with (pointers, strides and, for the TMA kernels, tensor maps bounded by that
 // num_pages): the new problem's pages must lie in that pool.
 void replan(Plan& p, const Problem& problem);
 
