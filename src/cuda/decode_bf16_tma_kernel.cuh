@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(bf16tma::kThreads, 1)
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_operand(d);
-    // d[4 i + e]: rows 8 i + 2 tq (+ 1) of tokens tok0, tok1 (fp8tma::exchange_rows's order)
+    // d[4 i + e]: rows 8 i + 2 tq (+ 1) of tokens tok0, tok0 + 8 (fp8tma::exchange_rows's order)
     const float rows0[4] = {d[0], d[1], d[2], d[3]}, rows1[4] = {d[4], d[5], d[6], d[7]};
     float full[4];
     fp8tma::exchange_rows(rows0, rows1, wg, xch, full);

@@ -458,7 +458,7 @@ __global__ void __maxnreg__(decode::kMaxRegsTwoCtas)
       for (int c = 1; c < kChains; ++c) d[e] += dc[c][e];
     }
     // hi + lo / 16; half i = 0: rows 2 tq (+ 1), i = 1: rows 8 + 2 tq (+ 1); entries (tok0, r),
-    // (tok0, r + 1), (tok1, r), (tok1, r + 1).
+    // (tok0, r + 1), (tok0 + 8, r), (tok0 + 8, r + 1).
     float half[2][4];
 #pragma unroll
     for (int i = 0; i < 2; ++i)
