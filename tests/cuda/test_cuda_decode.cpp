@@ -336,6 +336,60 @@ TEST(CudaDecodeScores, LargeScoresStayAccurate) {
   }
 }
 
+// Scores that rise along the sequence: every token of block b (64 tokens) scaled by 2^min(b, 5)
+// (bf16: the exponent field, exactly) or its fp8_e4m3 codes' exponents raised by min(b, 3), so
+// each block's maxima pass the earlier ones by several log2 units and every kernel's online
+// softmax moves its rows' base mid-sequence: P on the new base, O and the row sums rescaled. A
+// build whose moves after the first block skip O's rescale (in the <= 16-row TMA kernels) fails
+// here (bench/results/h200_v41_lazy_base_ab.txt). Page 1 runs the fp8 fragment and the bf16
+// shared-tile kernels, pages 16 and 64 the TMA kernels, 128 heads the 17-64-row kernel. The
+// plan does not split (a tile of one or two blocks would move its base only at its first).
+TEST(CudaDecodeScores, RisingScoresMoveTheSoftmaxBase) {
+  SKIP_WITHOUT_GPU();
+  for (const KvFormat format : {KvFormat::bf16, KvFormat::fp8_e4m3}) {
+    for (int page : {1, 16, 64}) {
+      for (int heads : {8, 16, 128}) {
+        test::ProblemSpec s;
+        s.format = format;
+        s.num_heads = heads;
+        s.page_size = page;
+        s.batch = 3;
+        s.kv_len_min = 300;
+        s.kv_len_max = 800;
+        s.magnitude_log2 = 0.0f;
+        s.seed = 500 + static_cast<std::uint64_t>(page + heads);
+        test::RandomCase c = test::make_case(s);
+        const bool bf16 = format == KvFormat::bf16;
+        const std::int64_t token_bytes = bf16 ? 1152 : 576;  // fused layout, no padding
+        for (int r = 0; r < s.batch; ++r) {
+          const std::vector<std::int64_t> slots = c.request_slots(r);
+          for (std::size_t i = 0; i < slots.size(); ++i) {
+            const int up = std::min(static_cast<int>(i / 64), bf16 ? 5 : 3);
+            std::uint8_t* token = c.cache.data() + slots[i] * token_bytes;
+            for (int d = 0; d < 576; ++d) {
+              if (bf16) {
+                std::uint16_t v;
+                std::memcpy(&v, token + 2 * d, 2);
+                if ((v & 0x7f80u) != 0) v = static_cast<std::uint16_t>(v + (up << 7));
+                std::memcpy(token + 2 * d, &v, 2);
+              } else if ((token[d] & 0x78u) != 0) {  // normal codes (|x| < 16): exponent + 3 < 15
+                token[d] = static_cast<std::uint8_t>(token[d] + (up << 3));
+              }
+            }
+          }
+        }
+        // Unsplit, so each tile runs its request's 5-13 blocks in one softmax.
+        PlanOptions options;
+        options.min_chunk_tokens = 1 << 16;
+        check_case(c,
+                   std::string("rising scores, ") + format_name(format) + ", page " +
+                       std::to_string(page) + ", heads " + std::to_string(heads),
+                   options);
+      }
+    }
+  }
+}
+
 // The planner's split on a CUDA device: below ~768 tokens of work per SM one tile per SM (a
 // second CTA per SM costs more than it hides there), above it two per SM (the kernels'
 // residency).
