@@ -164,16 +164,20 @@ void run_case(const test::ProblemSpec& spec, PlanOptions options = {}) {
 }
 
 // An fp8_e4m3 decode case (one query token per request) for the tests that edit its data.
-test::RandomCase fp8_case(int heads, int page_size, int kv_min, int kv_max, std::uint64_t seed) {
+test::ProblemSpec decode_spec(KvFormat format, int heads, int page_size, int kv_min, int kv_max,
+                              std::uint64_t seed) {
   test::ProblemSpec s;
-  s.format = KvFormat::fp8_e4m3;
+  s.format = format;
   s.num_heads = heads;
   s.page_size = page_size;
   s.batch = 3;
   s.kv_len_min = kv_min;
   s.kv_len_max = kv_max;
   s.seed = seed;
-  return test::make_case(s);
+  return s;
+}
+test::RandomCase fp8_case(int heads, int page_size, int kv_min, int kv_max, std::uint64_t seed) {
+  return test::make_case(decode_spec(KvFormat::fp8_e4m3, heads, page_size, kv_min, kv_max, seed));
 }
 
 // ---- the grid: (format, heads, page size, qo_len range, causal, kv range, layout) ----
@@ -313,15 +317,9 @@ TEST(CudaDecodeScores, LargeScoresStayAccurate) {
   for (int page : {1, 64}) {
     for (int heads : {8, 16}) {
       for (const bool exact : {false, true}) {
-        test::ProblemSpec s;
-        s.format = KvFormat::fp8_e4m3;
-        s.num_heads = heads;
-        s.page_size = page;
-        s.batch = 3;
-        s.kv_len_min = 500;
-        s.kv_len_max = 1500;
+        test::ProblemSpec s = decode_spec(KvFormat::fp8_e4m3, heads, page, 500, 1500,
+                                          300 + static_cast<std::uint64_t>(page + heads));
         s.sm_scale = 0.4f;
-        s.seed = 300 + static_cast<std::uint64_t>(page + heads);
         test::RandomCase c = test::make_case(s);
         PlanOptions options;
         options.exact_scores = exact;
@@ -349,15 +347,9 @@ TEST(CudaDecodeScores, RisingScoresMoveTheSoftmaxBase) {
   for (const KvFormat format : {KvFormat::bf16, KvFormat::fp8_e4m3}) {
     for (int page : {1, 16, 64}) {
       for (int heads : {8, 16, 128}) {
-        test::ProblemSpec s;
-        s.format = format;
-        s.num_heads = heads;
-        s.page_size = page;
-        s.batch = 3;
-        s.kv_len_min = 300;
-        s.kv_len_max = 800;
+        test::ProblemSpec s = decode_spec(format, heads, page, 300, 800,
+                                          500 + static_cast<std::uint64_t>(page + heads));
         s.magnitude_log2 = 0.0f;
-        s.seed = 500 + static_cast<std::uint64_t>(page + heads);
         test::RandomCase c = test::make_case(s);
         const bool bf16 = format == KvFormat::bf16;
         const std::int64_t token_bytes = bf16 ? 1152 : 576;  // fused layout, no padding
