@@ -163,7 +163,8 @@ void run_case(const test::ProblemSpec& spec, PlanOptions options = {}) {
   check_case(c, test::describe(spec), options);
 }
 
-// An fp8_e4m3 decode case (one query token per request) for the tests that edit its data.
+// A decode case's spec (three requests, one query token each) for the tests that set more of it
+// or edit its data; fp8_case builds an fp8_e4m3 one.
 test::ProblemSpec decode_spec(KvFormat format, int heads, int page_size, int kv_min, int kv_max,
                               std::uint64_t seed) {
   test::ProblemSpec s;
