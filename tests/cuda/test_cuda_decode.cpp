@@ -353,13 +353,13 @@ TEST(CudaDecodeScores, RisingScoresMoveTheSoftmaxBase) {
         s.magnitude_log2 = 0.0f;
         test::RandomCase c = test::make_case(s);
         const bool bf16 = format == KvFormat::bf16;
-        const std::int64_t token_bytes = bf16 ? 1152 : 576;  // fused layout, no padding
+        const std::int64_t stride = token_bytes(format);  // fused layout, no padding
         for (int r = 0; r < s.batch; ++r) {
           const std::vector<std::int64_t> slots = c.request_slots(r);
           for (std::size_t i = 0; i < slots.size(); ++i) {
             const int up = std::min(static_cast<int>(i / 64), bf16 ? 5 : 3);
-            std::uint8_t* token = c.cache.data() + slots[i] * token_bytes;
-            for (int d = 0; d < 576; ++d) {
+            std::uint8_t* token = c.cache.data() + slots[i] * stride;
+            for (int d = 0; d < kDimQk; ++d) {
               if (bf16) {
                 std::uint16_t v;
                 std::memcpy(&v, token + 2 * d, 2);
