@@ -306,15 +306,46 @@ __device__ __forceinline__ void fence_proxy_async() {
       "%35;\n}\n"                                                                                \
       : FP8MLA_WGMMA_D32                                                                         \
       : "l"(a), "l"(b), "r"(accumulate), "n"(kTransB))
-#define FP8MLA_WGMMA_64x64_RS(TY)                                                                \
-  asm volatile(                                                                                  \
-      "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"                                             \
-      " wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY                                   \
-      " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "  \
-      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, " \
-      "%36, p, 1, 1, %38;\n}\n"                                                                  \
-      : FP8MLA_WGMMA_D32                                                                         \
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate), "n"(kTransB))
+#define FP8MLA_WGMMA_D128                                                                         \
+  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[0][4]), "+f"(d[0][5]),       \
+      "+f"(d[0][6]), "+f"(d[0][7]), "+f"(d[0][8]), "+f"(d[0][9]), "+f"(d[0][10]), "+f"(d[0][11]), \
+      "+f"(d[0][12]), "+f"(d[0][13]), "+f"(d[0][14]), "+f"(d[0][15]), "+f"(d[0][16]),             \
+      "+f"(d[0][17]), "+f"(d[0][18]), "+f"(d[0][19]), "+f"(d[0][20]), "+f"(d[0][21]),             \
+      "+f"(d[0][22]), "+f"(d[0][23]), "+f"(d[0][24]), "+f"(d[0][25]), "+f"(d[0][26]),             \
+      "+f"(d[0][27]), "+f"(d[0][28]), "+f"(d[0][29]), "+f"(d[0][30]), "+f"(d[0][31]),             \
+      "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[1][4]), "+f"(d[1][5]),   \
+      "+f"(d[1][6]), "+f"(d[1][7]), "+f"(d[1][8]), "+f"(d[1][9]), "+f"(d[1][10]), "+f"(d[1][11]), \
+      "+f"(d[1][12]), "+f"(d[1][13]), "+f"(d[1][14]), "+f"(d[1][15]), "+f"(d[1][16]),             \
+      "+f"(d[1][17]), "+f"(d[1][18]), "+f"(d[1][19]), "+f"(d[1][20]), "+f"(d[1][21]),             \
+      "+f"(d[1][22]), "+f"(d[1][23]), "+f"(d[1][24]), "+f"(d[1][25]), "+f"(d[1][26]),             \
+      "+f"(d[1][27]), "+f"(d[1][28]), "+f"(d[1][29]), "+f"(d[1][30]), "+f"(d[1][31]),             \
+      "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[2][4]), "+f"(d[2][5]),   \
+      "+f"(d[2][6]), "+f"(d[2][7]), "+f"(d[2][8]), "+f"(d[2][9]), "+f"(d[2][10]), "+f"(d[2][11]), \
+      "+f"(d[2][12]), "+f"(d[2][13]), "+f"(d[2][14]), "+f"(d[2][15]), "+f"(d[2][16]),             \
+      "+f"(d[2][17]), "+f"(d[2][18]), "+f"(d[2][19]), "+f"(d[2][20]), "+f"(d[2][21]),             \
+      "+f"(d[2][22]), "+f"(d[2][23]), "+f"(d[2][24]), "+f"(d[2][25]), "+f"(d[2][26]),             \
+      "+f"(d[2][27]), "+f"(d[2][28]), "+f"(d[2][29]), "+f"(d[2][30]), "+f"(d[2][31]),             \
+      "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[3][4]), "+f"(d[3][5]),   \
+      "+f"(d[3][6]), "+f"(d[3][7]), "+f"(d[3][8]), "+f"(d[3][9]), "+f"(d[3][10]), "+f"(d[3][11]), \
+      "+f"(d[3][12]), "+f"(d[3][13]), "+f"(d[3][14]), "+f"(d[3][15]), "+f"(d[3][16]),             \
+      "+f"(d[3][17]), "+f"(d[3][18]), "+f"(d[3][19]), "+f"(d[3][20]), "+f"(d[3][21]),             \
+      "+f"(d[3][22]), "+f"(d[3][23]), "+f"(d[3][24]), "+f"(d[3][25]), "+f"(d[3][26]),             \
+      "+f"(d[3][27]), "+f"(d[3][28]), "+f"(d[3][29]), "+f"(d[3][30]), "+f"(d[3][31])
+// m64n256k16, A from registers, B N-major (the last 1), always accumulating (the first 1).
+#define FP8MLA_WGMMA_64x256_RS(TY)                                                                \
+  asm volatile(                                                                                   \
+      "{\n wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY                                \
+      " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "   \
+      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "     \
+      "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, "     \
+      "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, "     \
+      "%70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, "     \
+      "%87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, " \
+      "%104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, "      \
+      "%118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, "   \
+      "%132, 1, 1, 1, 1;\n}\n"                                                                    \
+      : FP8MLA_WGMMA_D128                                                                         \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b))
 #define FP8MLA_WGMMA_64x32_SS(TY)                                                                 \
   asm volatile(                                                                                   \
       "{\n .reg .pred p;\n setp.ne.b32 p, %18, 0;\n"                                              \
@@ -335,15 +366,18 @@ __device__ __forceinline__ void wgmma_64x64x16_ss(float (&d)[32], std::uint64_t 
     FP8MLA_WGMMA_64x64_SS("f16");
   }
 }
-// The same with A (64 x 16) in registers: the mma.sync m16n8k16 A fragment of each warp's 16
-// rows (warp w of the warpgroup holds rows 16 w .. 16 w + 15).
-template <int kTransB, bool kBf16>
-__device__ __forceinline__ void wgmma_64x64x16_rs(float (&d)[32], const std::uint32_t (&a)[4],
-                                                  std::uint64_t b, int accumulate) {
+// D (64 x 256 fp32: d[c] the m64n64 accumulator of columns 64 c + [0, 64)) += A (64 x 16 in
+// registers: the mma.sync m16n8k16 A fragment of each warp's 16 rows, warp w rows 16 w .. 16 w +
+// 15) * B (16 x 256, shared memory, N-major: four 64-column swizzled panels, the descriptor's
+// leading byte offset apart); inputs bf16 (kBf16) or fp16. One instruction where four m64n64k16
+// would issue (bench/NOTES.md v45).
+template <bool kBf16>
+__device__ __forceinline__ void wgmma_64x256x16_rs(float (&d)[4][32], const std::uint32_t (&a)[4],
+                                                   std::uint64_t b) {
   if constexpr (kBf16) {
-    FP8MLA_WGMMA_64x64_RS("bf16");
+    FP8MLA_WGMMA_64x256_RS("bf16");
   } else {
-    FP8MLA_WGMMA_64x64_RS("f16");
+    FP8MLA_WGMMA_64x256_RS("f16");
   }
 }
 // D (64 x 32 fp32) (+)= A (64 x 16, shared memory, K-major) * B (16 x 32, shared memory,
@@ -374,7 +408,8 @@ __device__ __forceinline__ void wgmma_64x32x32_e4m3(float (&d)[16], std::uint64_
 }
 #undef FP8MLA_WGMMA_64x32x32_E4M3
 #undef FP8MLA_WGMMA_64x32_SS
-#undef FP8MLA_WGMMA_64x64_RS
+#undef FP8MLA_WGMMA_64x256_RS
+#undef FP8MLA_WGMMA_D128
 #undef FP8MLA_WGMMA_64x64_SS
 #undef FP8MLA_WGMMA_D16
 #undef FP8MLA_WGMMA_D8

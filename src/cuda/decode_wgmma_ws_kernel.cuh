@@ -11,7 +11,8 @@
 //   * warpgroup 0 computes S = Q K^T for all 64 tokens (m64n64k16: Q read once per 64 tokens),
 //     the online softmax, writes P (the tile's type) into the tile's rope panel (dead once S has
 //     read it) and the rows' rescale factors, and multiplies O[:, 0:256] += P V with P in
-//     registers;
+//     registers (one m64n256k16 a 16-token k-step: 1.5-3% faster at 128 heads, page 64, than
+//     four m64n64k16, bench/NOTES.md v45);
 //   * warpgroup 1 multiplies O[:, 256:512] += P V with P loaded from the rope panel.
 // No staging buffers: Q (73.7 KB) and two 64-token tiles (73.7 KB each) fill shared memory.
 // Three mbarrier pairs hand the tiles over: full (2 -> 0: the block is in), ready (0 -> 1: P and
@@ -393,9 +394,7 @@ __global__ void __launch_bounds__(ws::kThreads, 1)
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-        for (int c = 0; c < 4; ++c)
-          wgmma_64x64x16_rs<1, kBf16>(o[c], pa[kk], desc_add(dv, off + c * kPanel + kk * 2048), 1);
+        wgmma_64x256x16_rs<kBf16>(o, pa[kk], desc_add(dv, off + kk * 2048));
       wgmma_commit();
     };
 
