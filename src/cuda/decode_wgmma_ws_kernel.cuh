@@ -11,8 +11,8 @@
 //   * warpgroup 0 computes S = Q K^T for all 64 tokens (m64n64k16: Q read once per 64 tokens),
 //     the online softmax, writes P (the tile's type) into the tile's rope panel (dead once S has
 //     read it) and the rows' rescale factors, and multiplies O[:, 0:256] += P V with P in
-//     registers (one m64n256k16 a 16-token k-step: 1.5-3% faster at 128 heads, page 64, than
-//     four m64n64k16, bench/NOTES.md v45);
+//     registers (one m64n256k16 a 16-token k-step instead of four m64n64k16: fp8 page 64
+//     1-3% faster, bench/NOTES.md v45);
 //   * warpgroup 1 multiplies O[:, 256:512] += P V with P loaded from the rope panel.
 // No staging buffers: Q (73.7 KB) and two 64-token tiles (73.7 KB each) fill shared memory.
 // Three mbarrier pairs hand the tiles over: full (2 -> 0: the block is in), ready (0 -> 1: P and
@@ -383,7 +383,8 @@ __global__ void __launch_bounds__(ws::kThreads, 1)
 #pragma unroll
       for (int r = 0; r < 32; ++r) o[c][r] = 0.0f;
     const std::uint8_t* tiles = smem + L::kTile;
-    // P V: this warpgroup's 4 panels of V (output dims 256 kGroup + [0, 256)).
+    // P V: this warpgroup's 4 panels of V (output dims 256 kGroup + [0, 256)); the leading
+    // offset (one panel) steps m64n256k16 from one 64-column part to the next.
     const std::uint64_t dv = wgmma_desc(tiles + 4 * kGroup * kPanel, kPanel, 1024);
     float row_max[2] = {-INFINITY, -INFINITY};
     float row_sum[2] = {0.0f, 0.0f};  // warpgroup 0: this thread's columns, summed over the quad
