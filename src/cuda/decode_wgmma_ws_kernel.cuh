@@ -12,7 +12,7 @@
 //     the online softmax, writes P (the tile's type) into the tile's rope panel (dead once S has
 //     read it) and the rows' rescale factors, and multiplies O[:, 0:256] += P V with P in
 //     registers (one m64n256k16 a 16-token k-step instead of four m64n64k16: fp8 page 64
-//     1-3% faster, bench/NOTES.md v45);
+//     0.4-2.7% faster, bench/NOTES.md v45);
 //   * warpgroup 1 multiplies O[:, 256:512] += P V with P loaded from the rope panel.
 // No staging buffers: Q (73.7 KB) and two 64-token tiles (73.7 KB each) fill shared memory.
 // Three mbarrier pairs hand the tiles over: full (2 -> 0: the block is in), ready (0 -> 1: P and
