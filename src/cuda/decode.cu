@@ -33,7 +33,11 @@ constexpr int kMergeThreads = 256;
 // spread over splits as well as columns, so a long request's many splits are read with many
 // loads in flight (one warp per row looping over 256 splits was latency bound: ~100 us). Few
 // splits take whole rows per block (kCols = 512): 16 blocks per row cost more than they save.
-template <int kCols>
+// kAhead > 0: a row of at most kAhead splits a thread group loads every lse and partial o at
+// once, before the row max, so the merge waits for one L2 round trip after the decode grid
+// instead of two (bs-1 latency, bench/NOTES.md v52); the same sums in the same order. It holds
+// 5 kAhead registers more (40 against 32), so the launcher takes it only for merges of one wave.
+template <int kCols, int kAhead>
 __global__ void __launch_bounds__(kMergeThreads) split_merge_kernel(const MergeParams p) {
   constexpr int kMergeQuads = kCols / 4;                     // threads across the columns
   constexpr int kMergeGroups = kMergeThreads / kMergeQuads;  // threads across the splits
@@ -53,7 +57,26 @@ __global__ void __launch_bounds__(kMergeThreads) split_merge_kernel(const MergeP
   __shared__ float wpart[kMergeGroups];
 
   float mx = -INFINITY;
-  for (int s = tid; s < n; s += kMergeThreads) mx = nan_max(mx, p.partial_lse[base + s * stride]);
+  bool ahead = false;  // the same for the whole block
+  float lse_a[kAhead > 0 ? kAhead : 1];
+  float4 o_a[kAhead > 0 ? kAhead : 1];
+  if constexpr (kAhead > 0) {
+    ahead = n <= kAhead * kMergeGroups;
+    if (ahead) {
+#pragma unroll
+      for (int a = 0; a < kAhead; ++a) {
+        const int s = group + a * kMergeGroups;
+        const std::int64_t row = base + s * stride;
+        lse_a[a] = s < n ? p.partial_lse[row] : -INFINITY;
+        o_a[a] = s < n ? *reinterpret_cast<const float4*>(p.partial_o + row * 512 +
+                                                           blockIdx.y * kCols + 4 * quad)
+                       : make_float4(0.f, 0.f, 0.f, 0.f);
+        mx = nan_max(mx, lse_a[a]);
+      }
+    }
+  }
+  if (!ahead)
+    for (int s = tid; s < n; s += kMergeThreads) mx = nan_max(mx, p.partial_lse[base + s * stride]);
   for (int off = 16; off > 0; off /= 2) mx = nan_max(mx, __shfl_xor_sync(0xffffffffu, mx, off));
   if (tid % 32 == 0) red[tid / 32] = mx;
   __syncthreads();
@@ -63,7 +86,16 @@ __global__ void __launch_bounds__(kMergeThreads) split_merge_kernel(const MergeP
   const int col = blockIdx.y * kCols + 4 * quad;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   float wsum = 0.0f;
-  if (mx != -INFINITY) {
+  if (ahead && mx != -INFINITY) {
+#pragma unroll
+    for (int a = 0; a < kAhead; ++a) {
+      if (group + a * kMergeGroups >= n) break;
+      const float w = __expf(lse_a[a] - mx);
+      const float4 x = o_a[a];
+      wsum += w;
+      acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
+    }
+  } else if (mx != -INFINITY) {
 #pragma unroll 4
     for (int s = group; s < n; s += kMergeGroups) {
       const std::int64_t row = base + s * stride;
@@ -379,11 +411,16 @@ void cuda_run(PlanState& plan, const RunArgs& args) {
     cfg.blockDim = dim3(kMergeThreads);
     cfg.dynamicSmemBytes = 0;
     if (b.graph || b.max_splits > 8) {
+      // Up to 32 rows (bs 1 at <= 32 heads x query tokens) of up to 128 splits: the merge is one
+      // wave at the ahead form's 6 blocks an SM, and a bs-1 call's latency is its round trips.
+      // (A graph keeps the form it was captured with; either is right for any split count.)
+      const bool ahead = merge_items <= 32 && b.max_splits <= 128;
       cfg.gridDim = dim3(static_cast<unsigned>(merge_items), kDimCkv / 32);
-      FP8MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, split_merge_kernel<32>, m));
+      FP8MLA_CUDA_CHECK(cudaLaunchKernelEx(
+          &cfg, ahead ? split_merge_kernel<32, 4> : split_merge_kernel<32, 0>, m));
     } else {
       cfg.gridDim = dim3(static_cast<unsigned>(merge_items));
-      FP8MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, split_merge_kernel<kDimCkv>, m));
+      FP8MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, split_merge_kernel<kDimCkv, 0>, m));
     }
   }
 }
