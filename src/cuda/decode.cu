@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(kMergeThreads) split_merge_kernel(const MergeP
         const std::int64_t row = base + s * stride;
         lse_a[a] = s < n ? p.partial_lse[row] : -INFINITY;
         o_a[a] = s < n ? *reinterpret_cast<const float4*>(p.partial_o + row * 512 +
-                                                           blockIdx.y * kCols + 4 * quad)
+                                                          blockIdx.y * kCols + 4 * quad)
                        : make_float4(0.f, 0.f, 0.f, 0.f);
         mx = nan_max(mx, lse_a[a]);
       }
@@ -196,8 +196,8 @@ const std::array<std::array<KernelEntry, 3>, 3> kDecodeKernels = {{
 // it exactly; one cache scale, as PagedLatentCache keeps, gives 1). Smaller pages and sparse
 // lists are per token: a swizzled box must start on its 1024-byte swizzle atom (8 tokens; a
 // one-token box faults, bench/NOTES.md v50), and the fragment kernel's one bulk copy a token
-// beat cp.async copies in the TMA kernel (v18b). PlanOptions::exact_scores keeps the fp8 fragment kernel
-// (fp16 products, fp32 sums).
+// beat cp.async copies in the TMA kernel (v18b). PlanOptions::exact_scores keeps the fp8 fragment
+// kernel (fp16 products, fp32 sums).
 const KernelEntry kFp8TmaKernel{&mla_decode_fp8_tma_kernel, fp8tma::kSmemBytes};
 const KernelEntry kBf16TmaKernel{&mla_decode_bf16_tma_kernel, bf16tma::kSmemBytes};
 bool use_tma_kernel(const PlanState& plan, KvFormat format, int row_tiles, float scale_nope,

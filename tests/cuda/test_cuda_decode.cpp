@@ -599,6 +599,71 @@ TEST(CudaGraph, CaptureReplanReplay) {
   check_cuda(cudaStreamDestroy(stream));
 }
 
+// A graph keeps the split-merge form it was captured with. A bs-1 plan of <= 32 rows and <= 128
+// splits captures the form that loads every split before the row max (decode.cu,
+// split_merge_kernel<32, 4>); re-planned to more splits than it preloads, the same graph node
+// must take its general path and still match the reference.
+TEST(CudaGraph, MergeFormCapturedShortServesLongContexts) {
+  SKIP_WITHOUT_GPU();
+  test::ProblemSpec s;
+  s.format = F8;
+  s.num_heads = 8;
+  s.page_size = 64;
+  s.batch = 1;
+  s.kv_len_min = s.kv_len_max = 3000;
+  s.spare_pages = 2000;     // room for the second length
+  s.poison_unused = false;  // the second plan reads pages the first one left unused
+  s.seed = 32;
+  test::RandomCase c1 = test::make_case(s);
+  PlanOptions o;
+  o.cuda_graph = true;
+  o.max_batch = 1;
+  o.max_total_q = 1;
+  o.max_kv_indices = static_cast<std::int64_t>(c1.num_pages);
+  o.max_qo_len = 1;
+  Plan p = plan(c1.problem(DeviceKind::cuda), o);
+  ASSERT_GT(p.num_splits()[0], 1) << "the first plan must split";
+  ASSERT_LE(p.num_splits()[0], 128) << "the first plan must capture the preloading form";
+
+  DeviceBuffer cache(c1.cache), q(c1.q);
+  DeviceOutput d(c1, 0);
+  RunArgs args = device_args(c1, cache, q, d);
+  cudaStream_t stream;
+  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  args.stream = stream;
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  run(p, args);
+  check_cuda(cudaStreamEndCapture(stream, &graph));
+  check_cuda(cudaGraphInstantiate(&exec, graph, 0));
+  check_cuda(cudaGraphLaunch(exec, stream));
+  check_cuda(cudaStreamSynchronize(stream));
+  test::HostOutput ref1 = reference(c1);
+  expect_matches(d, ref1, "short context");
+
+  // The whole pool, pages shuffled: a long context, split more than the captured form preloads.
+  test::RandomCase c2 = c1;
+  std::mt19937_64 rng(7);
+  std::vector<std::int32_t> pages(static_cast<std::size_t>(c1.num_pages));
+  for (std::size_t i = 0; i < pages.size(); ++i) pages[i] = static_cast<std::int32_t>(i);
+  std::shuffle(pages.begin(), pages.end(), rng);
+  c2.kv_indices = pages;
+  c2.kv_indptr = {0, static_cast<std::int32_t>(pages.size())};
+  c2.kv_len[0] = static_cast<int>(pages.size()) * s.page_size - 17;
+  replan(p, c2.problem(DeviceKind::cuda));
+  ASSERT_GT(p.num_splits()[0], 128) << "the second plan must split past the preloaded count";
+  d.poison_all();
+  check_cuda(cudaGraphLaunch(exec, stream));
+  check_cuda(cudaStreamSynchronize(stream));
+  test::HostOutput ref2 = reference(c2);
+  expect_matches(d, ref2, "long context, same graph");
+
+  check_cuda(cudaGraphExecDestroy(exec));
+  check_cuda(cudaGraphDestroy(graph));
+  check_cuda(cudaStreamDestroy(stream));
+}
+
 // Two runs on one stream, no sync between them, the second's q_nope being the first's out: the
 // decode launch is a programmatic dependent of the kernel before it (the first run's split merge,
 // which lets it launch as soon as the merge starts its work), so a decode kernel that read q
