@@ -59,6 +59,42 @@ void check_cuda(cudaError_t e) {
   ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e);
 }
 
+// A non-blocking stream for the test's lifetime.
+struct TestStream {
+  cudaStream_t s = nullptr;
+  TestStream() { check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  ~TestStream() { check_cuda(cudaStreamDestroy(s)); }
+  TestStream(const TestStream&) = delete;
+  TestStream& operator=(const TestStream&) = delete;
+};
+
+// What `issue` launches on `stream`, captured into one CUDA graph; replay() runs it and waits.
+class CapturedGraph {
+ public:
+  template <class Issue>
+  CapturedGraph(cudaStream_t stream, Issue&& issue) : stream_(stream) {
+    check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    issue();
+    check_cuda(cudaStreamEndCapture(stream, &graph_));
+    check_cuda(cudaGraphInstantiate(&exec_, graph_, 0));
+  }
+  ~CapturedGraph() {
+    check_cuda(cudaGraphExecDestroy(exec_));
+    check_cuda(cudaGraphDestroy(graph_));
+  }
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  void replay() {
+    check_cuda(cudaGraphLaunch(exec_, stream_));
+    check_cuda(cudaStreamSynchronize(stream_));
+  }
+
+ private:
+  cudaStream_t stream_;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
 // The reference result of a case on the host.
 test::HostOutput reference(test::RandomCase& c) {
   PlanOptions o;
@@ -556,18 +592,10 @@ TEST(CudaGraph, CaptureReplanReplay) {
   DeviceOutput d(c1, 0);
   RunArgs args = device_args(c1, cache, q, d);
 
-  cudaStream_t stream;
-  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  args.stream = stream;
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  run(p, args);
-  check_cuda(cudaStreamEndCapture(stream, &graph));
-  check_cuda(cudaGraphInstantiate(&exec, graph, 0));
-
-  check_cuda(cudaGraphLaunch(exec, stream));
-  check_cuda(cudaStreamSynchronize(stream));
+  TestStream stream;
+  args.stream = stream.s;
+  CapturedGraph graph(stream.s, [&] { run(p, args); });
+  graph.replay();
   test::HostOutput ref1 = reference(c1);
   expect_matches(d, ref1, "graph replay 1");
 
@@ -589,14 +617,9 @@ TEST(CudaGraph, CaptureReplanReplay) {
   }
   replan(p, c2.problem(DeviceKind::cuda));
   d.poison_all();
-  check_cuda(cudaGraphLaunch(exec, stream));
-  check_cuda(cudaStreamSynchronize(stream));
+  graph.replay();
   test::HostOutput ref2 = reference(c2);
   expect_matches(d, ref2, "graph replay after replan");
-
-  check_cuda(cudaGraphExecDestroy(exec));
-  check_cuda(cudaGraphDestroy(graph));
-  check_cuda(cudaStreamDestroy(stream));
 }
 
 // A graph keeps the split-merge form it was captured with. A bs-1 plan of <= 32 rows and <= 128
@@ -628,17 +651,10 @@ TEST(CudaGraph, MergeFormCapturedShortServesLongContexts) {
   DeviceBuffer cache(c1.cache), q(c1.q);
   DeviceOutput d(c1, 0);
   RunArgs args = device_args(c1, cache, q, d);
-  cudaStream_t stream;
-  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  args.stream = stream;
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  run(p, args);
-  check_cuda(cudaStreamEndCapture(stream, &graph));
-  check_cuda(cudaGraphInstantiate(&exec, graph, 0));
-  check_cuda(cudaGraphLaunch(exec, stream));
-  check_cuda(cudaStreamSynchronize(stream));
+  TestStream stream;
+  args.stream = stream.s;
+  CapturedGraph graph(stream.s, [&] { run(p, args); });
+  graph.replay();
   test::HostOutput ref1 = reference(c1);
   expect_matches(d, ref1, "short context");
 
@@ -654,14 +670,9 @@ TEST(CudaGraph, MergeFormCapturedShortServesLongContexts) {
   replan(p, c2.problem(DeviceKind::cuda));
   ASSERT_GT(p.num_splits()[0], 128) << "the second plan must split past the preloaded count";
   d.poison_all();
-  check_cuda(cudaGraphLaunch(exec, stream));
-  check_cuda(cudaStreamSynchronize(stream));
+  graph.replay();
   test::HostOutput ref2 = reference(c2);
   expect_matches(d, ref2, "long context, same graph");
-
-  check_cuda(cudaGraphExecDestroy(exec));
-  check_cuda(cudaGraphDestroy(graph));
-  check_cuda(cudaStreamDestroy(stream));
 }
 
 // Two runs on one stream, no sync between them, the second's q_nope being the first's out: the
@@ -681,8 +692,7 @@ TEST(CudaStream, ChainedRunsSeeTheRunBefore) {
       {F8, 16, 64, "fp8 <= 16 rows, TMA"}, {F8, 8, 1, "fp8 <= 16 rows, fragments"},
       {F8, 128, 64, "fp8 17-64 rows"},     {BF, 64, 1, "bf16 17-64 rows"},
       {BF, 8, 16, "bf16 <= 16 rows"},      {BL, 16, 64, "fp8_e4m3_block"}};
-  cudaStream_t stream;
-  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  TestStream stream;
   for (const bool graph : {false, true}) {
     for (const Chain& ch : chains) {
       test::ProblemSpec s;
@@ -701,23 +711,16 @@ TEST(CudaStream, ChainedRunsSeeTheRunBefore) {
       RunArgs a1 = device_args(c, cache, q, d1);
       RunArgs a2 = device_args(c, cache, q, d2);
       a2.q_nope = c.out_view(d1.out_data(), DeviceKind::cuda);
-      a1.stream = a2.stream = stream;
+      a1.stream = a2.stream = stream.s;
+      auto issue = [&] {
+        run(p, a1);
+        run(p, a2);
+      };
       if (graph) {
-        cudaGraph_t g;
-        cudaGraphExec_t exec;
-        check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-        run(p, a1);
-        run(p, a2);
-        check_cuda(cudaStreamEndCapture(stream, &g));
-        check_cuda(cudaGraphInstantiate(&exec, g, 0));
-        check_cuda(cudaGraphLaunch(exec, stream));
-        check_cuda(cudaStreamSynchronize(stream));
-        check_cuda(cudaGraphExecDestroy(exec));
-        check_cuda(cudaGraphDestroy(g));
+        CapturedGraph(stream.s, issue).replay();
       } else {
-        run(p, a1);
-        run(p, a2);
-        check_cuda(cudaStreamSynchronize(stream));
+        issue();
+        check_cuda(cudaStreamSynchronize(stream.s));
       }
       test::HostOutput ref1 = reference(c);
       expect_matches(d1, ref1, what + ": first run");
@@ -728,7 +731,6 @@ TEST(CudaStream, ChainedRunsSeeTheRunBefore) {
       expect_matches(d2, ref2, what + ": second run");
     }
   }
-  check_cuda(cudaStreamDestroy(stream));
 }
 
 // The GPU append writes the same bytes as the host codec.
