@@ -565,6 +565,44 @@ TEST(CudaDecodeSparse, RunTimeIndicesOverrideThePlannedOnes) {
   expect_matches(d, ref, "sparse override");
 }
 
+// A CUDA-graph plan (options o) for c1, with the engine's fixed buffers (c1's pool and q):
+// run() captured and replayed, then replan() for c2 = second(c1) over the same pool and q and the
+// same graph replayed; both replays must match the reference. check(p, 1 | 2) runs after each
+// plan (its fatal failures stop the test).
+template <class Second, class Check>
+void capture_replan_replay(test::RandomCase& c1, PlanOptions o, Second second, Check check) {
+  o.cuda_graph = true;
+  Plan p = plan(c1.problem(DeviceKind::cuda), o);
+  check(p, 1);
+  if (::testing::Test::HasFatalFailure()) return;
+  DeviceBuffer cache(c1.cache), q(c1.q);
+  DeviceOutput d(c1, 0);
+  RunArgs args = device_args(c1, cache, q, d);
+  TestStream stream;
+  args.stream = stream.s;
+  CapturedGraph graph(stream.s, [&] { run(p, args); });
+  graph.replay();
+  test::HostOutput ref1 = reference(c1);
+  expect_matches(d, ref1, "graph replay 1");
+
+  test::RandomCase c2 = second(c1);
+  replan(p, c2.problem(DeviceKind::cuda));
+  check(p, 2);
+  if (::testing::Test::HasFatalFailure()) return;
+  d.poison_all();
+  graph.replay();
+  test::HostOutput ref2 = reference(c2);
+  expect_matches(d, ref2, "graph replay after replan");
+}
+
+// c's pages in a random order (rng), for new page tables over the same pool.
+std::vector<std::int32_t> shuffled_pages(const test::RandomCase& c, std::mt19937_64& rng) {
+  std::vector<std::int32_t> pages(static_cast<std::size_t>(c.num_pages));
+  for (std::size_t i = 0; i < pages.size(); ++i) pages[i] = static_cast<std::int32_t>(i);
+  std::shuffle(pages.begin(), pages.end(), rng);
+  return pages;
+}
+
 // run() captured in a CUDA graph; replan() with new lengths; the replay matches the reference.
 TEST(CudaGraph, CaptureReplanReplay) {
   SKIP_WITHOUT_GPU();
@@ -580,46 +618,29 @@ TEST(CudaGraph, CaptureReplanReplay) {
   s.seed = 31;
   test::RandomCase c1 = test::make_case(s);
   PlanOptions o;
-  o.cuda_graph = true;
   o.max_batch = 8;
   o.max_total_q = 8;
   o.max_kv_indices = static_cast<std::int64_t>(c1.num_pages);
   o.max_qo_len = 1;
-  Plan p = plan(c1.problem(DeviceKind::cuda), o);
-
-  // Fixed device buffers, as a serving engine keeps them: the pool and q of case 1.
-  DeviceBuffer cache(c1.cache), q(c1.q);
-  DeviceOutput d(c1, 0);
-  RunArgs args = device_args(c1, cache, q, d);
-
-  TestStream stream;
-  args.stream = stream.s;
-  CapturedGraph graph(stream.s, [&] { run(p, args); });
-  graph.replay();
-  test::HostOutput ref1 = reference(c1);
-  expect_matches(d, ref1, "graph replay 1");
-
   // New lengths and page tables over the same pool and q (same total_q).
-  test::RandomCase c2 = c1;
-  std::mt19937_64 rng(99);
-  for (int r = 0; r < s.batch; ++r) c2.kv_len[r] = std::uniform_int_distribution<int>(0, 5000)(rng);
-  c2.kv_indptr.assign(1, 0);
-  c2.kv_indices.clear();
-  std::vector<std::int32_t> pages(static_cast<std::size_t>(c1.num_pages));
-  for (std::size_t i = 0; i < pages.size(); ++i) pages[i] = static_cast<std::int32_t>(i);
-  std::shuffle(pages.begin(), pages.end(), rng);
-  std::size_t next = 0;
-  for (int r = 0; r < s.batch; ++r) {
-    const int need = (c2.kv_len[r] + s.page_size - 1) / s.page_size;
-    if (next + need > pages.size()) c2.kv_len[r] = 0;
-    for (int i = 0; c2.kv_len[r] > 0 && i < need; ++i) c2.kv_indices.push_back(pages[next++]);
-    c2.kv_indptr.push_back(static_cast<std::int32_t>(c2.kv_indices.size()));
-  }
-  replan(p, c2.problem(DeviceKind::cuda));
-  d.poison_all();
-  graph.replay();
-  test::HostOutput ref2 = reference(c2);
-  expect_matches(d, ref2, "graph replay after replan");
+  auto second = [&](const test::RandomCase& c) {
+    test::RandomCase c2 = c;
+    std::mt19937_64 rng(99);
+    for (int r = 0; r < s.batch; ++r)
+      c2.kv_len[r] = std::uniform_int_distribution<int>(0, 5000)(rng);
+    c2.kv_indptr.assign(1, 0);
+    c2.kv_indices.clear();
+    const std::vector<std::int32_t> pages = shuffled_pages(c, rng);
+    std::size_t next = 0;
+    for (int r = 0; r < s.batch; ++r) {
+      const int need = (c2.kv_len[r] + s.page_size - 1) / s.page_size;
+      if (next + need > pages.size()) c2.kv_len[r] = 0;
+      for (int i = 0; c2.kv_len[r] > 0 && i < need; ++i) c2.kv_indices.push_back(pages[next++]);
+      c2.kv_indptr.push_back(static_cast<std::int32_t>(c2.kv_indices.size()));
+    }
+    return c2;
+  };
+  capture_replan_replay(c1, o, second, [](const Plan&, int) {});
 }
 
 // A graph keeps the split-merge form it was captured with. A bs-1 plan of <= 32 rows and <= 128
@@ -639,40 +660,27 @@ TEST(CudaGraph, MergeFormCapturedShortServesLongContexts) {
   s.seed = 32;
   test::RandomCase c1 = test::make_case(s);
   PlanOptions o;
-  o.cuda_graph = true;
   o.max_batch = 1;
   o.max_total_q = 1;
   o.max_kv_indices = static_cast<std::int64_t>(c1.num_pages);
   o.max_qo_len = 1;
-  Plan p = plan(c1.problem(DeviceKind::cuda), o);
-  ASSERT_GT(p.num_splits()[0], 1) << "the first plan must split";
-  ASSERT_LE(p.num_splits()[0], 128) << "the first plan must capture the preloading form";
-
-  DeviceBuffer cache(c1.cache), q(c1.q);
-  DeviceOutput d(c1, 0);
-  RunArgs args = device_args(c1, cache, q, d);
-  TestStream stream;
-  args.stream = stream.s;
-  CapturedGraph graph(stream.s, [&] { run(p, args); });
-  graph.replay();
-  test::HostOutput ref1 = reference(c1);
-  expect_matches(d, ref1, "short context");
-
   // The whole pool, pages shuffled: a long context, split more than the captured form preloads.
-  test::RandomCase c2 = c1;
-  std::mt19937_64 rng(7);
-  std::vector<std::int32_t> pages(static_cast<std::size_t>(c1.num_pages));
-  for (std::size_t i = 0; i < pages.size(); ++i) pages[i] = static_cast<std::int32_t>(i);
-  std::shuffle(pages.begin(), pages.end(), rng);
-  c2.kv_indices = pages;
-  c2.kv_indptr = {0, static_cast<std::int32_t>(pages.size())};
-  c2.kv_len[0] = static_cast<int>(pages.size()) * s.page_size - 17;
-  replan(p, c2.problem(DeviceKind::cuda));
-  ASSERT_GT(p.num_splits()[0], 128) << "the second plan must split past the preloaded count";
-  d.poison_all();
-  graph.replay();
-  test::HostOutput ref2 = reference(c2);
-  expect_matches(d, ref2, "long context, same graph");
+  auto second = [&](const test::RandomCase& c) {
+    test::RandomCase c2 = c;
+    std::mt19937_64 rng(7);
+    c2.kv_indices = shuffled_pages(c, rng);
+    c2.kv_indptr = {0, static_cast<std::int32_t>(c2.kv_indices.size())};
+    c2.kv_len[0] = static_cast<int>(c2.kv_indices.size()) * s.page_size - 17;
+    return c2;
+  };
+  capture_replan_replay(c1, o, second, [](const Plan& p, int stage) {
+    if (stage == 1) {
+      ASSERT_GT(p.num_splits()[0], 1) << "the first plan must split";
+      ASSERT_LE(p.num_splits()[0], 128) << "the first plan must capture the preloading form";
+    } else {
+      ASSERT_GT(p.num_splits()[0], 128) << "the second plan must split past the preloaded count";
+    }
+  });
 }
 
 // Two runs on one stream, no sync between them, the second's q_nope being the first's out: the
