@@ -194,10 +194,10 @@ const std::array<std::array<KernelEntry, 3>, 3> kDecodeKernels = {{
 // TMA kernels instead (decode_fp8_tma_kernel.cuh, decode_bf16_tma_kernel.cuh: tensor-map copies
 // of page runs, S on wgmma); fp8_e4m3 when kpe_scale / ckv_scale is a power of two (q_pe carries
 // it exactly; one cache scale, as PagedLatentCache keeps, gives 1). Smaller pages and sparse
-// lists are per token: a swizzled box must start on its 1024-byte swizzle atom (8 tokens; a
-// one-token box faults, bench/NOTES.md v50), and the fragment kernel's one bulk copy a token
-// beat cp.async copies in the TMA kernel (v18b). PlanOptions::exact_scores keeps the fp8 fragment
-// kernel (fp16 products, fp32 sums).
+// lists are per token: a tensor-map box of one token into the swizzled tile faults (misaligned
+// address, bench/NOTES.md v50), and the fragment kernel's one bulk copy a token beat cp.async
+// copies in the TMA kernel (v18b). PlanOptions::exact_scores keeps the fp8 fragment kernel (fp16
+// products, fp32 sums).
 const KernelEntry kFp8TmaKernel{&mla_decode_fp8_tma_kernel, fp8tma::kSmemBytes};
 const KernelEntry kBf16TmaKernel{&mla_decode_bf16_tma_kernel, bf16tma::kSmemBytes};
 bool use_tma_kernel(const PlanState& plan, KvFormat format, int row_tiles, float scale_nope,
