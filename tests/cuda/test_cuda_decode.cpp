@@ -565,13 +565,16 @@ TEST(CudaDecodeSparse, RunTimeIndicesOverrideThePlannedOnes) {
   expect_matches(d, ref, "sparse override");
 }
 
-// A CUDA-graph plan (options o) for c1, with the engine's fixed buffers (c1's pool and q):
+// A CUDA-graph plan (options o, bounded by c1's pool and one query token a request) for c1, with
+// the engine's fixed buffers (c1's pool and q):
 // run() captured and replayed, then replan() for c2 = second(c1) over the same pool and q and the
 // same graph replayed; both replays must match the reference. check(p, 1 | 2) runs after each
 // plan (its fatal failures stop the test).
 template <class Second, class Check>
 void capture_replan_replay(test::RandomCase& c1, PlanOptions o, Second second, Check check) {
   o.cuda_graph = true;
+  o.max_kv_indices = static_cast<std::int64_t>(c1.num_pages);
+  o.max_qo_len = 1;
   Plan p = plan(c1.problem(DeviceKind::cuda), o);
   check(p, 1);
   if (::testing::Test::HasFatalFailure()) return;
@@ -606,22 +609,14 @@ std::vector<std::int32_t> shuffled_pages(const test::RandomCase& c, std::mt19937
 // run() captured in a CUDA graph; replan() with new lengths; the replay matches the reference.
 TEST(CudaGraph, CaptureReplanReplay) {
   SKIP_WITHOUT_GPU();
-  test::ProblemSpec s;
-  s.format = F8;
-  s.num_heads = 16;
-  s.page_size = 16;
+  test::ProblemSpec s = decode_spec(F8, 16, 16, 1, 3000, 31);
   s.batch = 6;
-  s.kv_len_min = 1;
-  s.kv_len_max = 3000;
   s.spare_pages = 400;      // room for the second batch's longer contexts
   s.poison_unused = false;  // the second batch reads pages the first one left unused
-  s.seed = 31;
   test::RandomCase c1 = test::make_case(s);
   PlanOptions o;
   o.max_batch = 8;
   o.max_total_q = 8;
-  o.max_kv_indices = static_cast<std::int64_t>(c1.num_pages);
-  o.max_qo_len = 1;
   // New lengths and page tables over the same pool and q (same total_q).
   auto second = [&](const test::RandomCase& c) {
     test::RandomCase c2 = c;
@@ -649,21 +644,14 @@ TEST(CudaGraph, CaptureReplanReplay) {
 // must take its general path and still match the reference.
 TEST(CudaGraph, MergeFormCapturedShortServesLongContexts) {
   SKIP_WITHOUT_GPU();
-  test::ProblemSpec s;
-  s.format = F8;
-  s.num_heads = 8;
-  s.page_size = 64;
+  test::ProblemSpec s = decode_spec(F8, 8, 64, 3000, 3000, 32);
   s.batch = 1;
-  s.kv_len_min = s.kv_len_max = 3000;
   s.spare_pages = 2000;     // room for the second length
   s.poison_unused = false;  // the second plan reads pages the first one left unused
-  s.seed = 32;
   test::RandomCase c1 = test::make_case(s);
   PlanOptions o;
   o.max_batch = 1;
   o.max_total_q = 1;
-  o.max_kv_indices = static_cast<std::int64_t>(c1.num_pages);
-  o.max_qo_len = 1;
   // The whole pool, pages shuffled: a long context, split more than the captured form preloads.
   auto second = [&](const test::RandomCase& c) {
     test::RandomCase c2 = c;
