@@ -65,6 +65,12 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Arrival on named barrier `id` without waiting: a producer's half of a one-way handoff whose
+// consumers call named_barrier_sync with the same thread count.
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // mbarriers and bulk copies (sm_90): the TMA engine copies contiguous global bytes (16-byte
 // aligned, a multiple of 16) into shared memory and counts them on an mbarrier, whose phase
 // completes once its arrivals and the expected bytes are all in.
@@ -346,6 +352,16 @@ __device__ __forceinline__ void fence_proxy_async() {
       "%132, 1, 1, 1, 1;\n}\n"                                                                    \
       : FP8MLA_WGMMA_D128                                                                         \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b))
+// m64n64k16, A from registers, B K-major (the last 0).
+#define FP8MLA_WGMMA_64x64_RS(TY)                                                                \
+  asm volatile(                                                                                  \
+      "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"                                             \
+      " wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY                                   \
+      " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "  \
+      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, " \
+      "%36, p, 1, 1, 0;\n}\n"                                                                    \
+      : FP8MLA_WGMMA_D32                                                                         \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate))
 #define FP8MLA_WGMMA_64x32_SS(TY)                                                                 \
   asm volatile(                                                                                   \
       "{\n .reg .pred p;\n setp.ne.b32 p, %18, 0;\n"                                              \
@@ -380,6 +396,17 @@ __device__ __forceinline__ void wgmma_64x256x16_rs(float (&d)[4][32], const std:
     FP8MLA_WGMMA_64x256_RS("f16");
   }
 }
+// D (64 x 64 fp32) (+)= A (64 x 16 in registers, the A fragment of wgmma_64x256x16_rs) * B
+// (16 x 64, shared memory, K-major); inputs bf16 (kBf16) or fp16. accumulate = 0: D = A * B.
+template <bool kBf16>
+__device__ __forceinline__ void wgmma_64x64x16_rs(float (&d)[32], const std::uint32_t (&a)[4],
+                                                  std::uint64_t b, int accumulate) {
+  if constexpr (kBf16) {
+    FP8MLA_WGMMA_64x64_RS("bf16");
+  } else {
+    FP8MLA_WGMMA_64x64_RS("f16");
+  }
+}
 // D (64 x 32 fp32) (+)= A (64 x 16, shared memory, K-major) * B (16 x 32, shared memory,
 // K-major).
 template <bool kBf16>
@@ -408,6 +435,7 @@ __device__ __forceinline__ void wgmma_64x32x32_e4m3(float (&d)[16], std::uint64_
 }
 #undef FP8MLA_WGMMA_64x32x32_E4M3
 #undef FP8MLA_WGMMA_64x32_SS
+#undef FP8MLA_WGMMA_64x64_RS
 #undef FP8MLA_WGMMA_64x256_RS
 #undef FP8MLA_WGMMA_D128
 #undef FP8MLA_WGMMA_64x64_SS

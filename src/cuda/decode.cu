@@ -8,6 +8,7 @@
 #include "src/core/backend.h"
 #include "src/core/check.h"
 #include "src/cuda/cuda_util.cuh"
+#include "src/cuda/decode_bf16_seesaw_kernel.cuh"
 #include "src/cuda/decode_bf16_tma_kernel.cuh"
 #include "src/cuda/decode_fp8_kernel.cuh"
 #include "src/cuda/decode_fp8_tma_kernel.cuh"
@@ -183,7 +184,7 @@ constexpr int row_tile_index(int mt) {
 // Tiles of 17-64 rows (two or four m-tiles) of fp8_e4m3 and bf16 caches run the warp-specialized
 // wgmma kernel (decode_wgmma_ws_kernel.cuh); fp8_e4m3 with <= 16 rows has the fragment kernel
 // (decode_fp8_kernel.cuh); the rest (the block format, bf16 <= 16 rows) the shared-tile kernel,
-// unless use_tma_kernel below picks a TMA kernel.
+// unless use_tma_kernel below picks a tensor-map kernel.
 const std::array<std::array<KernelEntry, 3>, 3> kDecodeKernels = {{
     {entry<KvFormat::bf16, 1>(), ws_entry<true>(), ws_entry<true>()},
     {KernelEntry{&mla_decode_fp8_kernel, fp8frag::kSmemBytes}, ws_entry<false>(),
@@ -192,19 +193,27 @@ const std::array<std::array<KernelEntry, 3>, 3> kDecodeKernels = {{
      entry<KvFormat::fp8_e4m3_block, 4>()},
 }};
 
-// fp8_e4m3 and bf16 tiles of <= 16 rows on dense page tables with pages of >= 8 tokens run the
-// TMA kernels instead (decode_fp8_tma_kernel.cuh, decode_bf16_tma_kernel.cuh: tensor-map copies
-// of page runs, S on wgmma); fp8_e4m3 when kpe_scale / ckv_scale is a power of two (q_pe carries
-// it exactly; one cache scale, as PagedLatentCache keeps, gives 1). Smaller pages and sparse
-// lists are per token: a tensor-map box of one token into the swizzled tile faults (misaligned
-// address, bench/NOTES.md v50), and the fragment kernel's one bulk copy a token beat cp.async
-// copies in the TMA kernel (v18b). PlanOptions::exact_scores keeps the fp8 fragment kernel (fp16
-// products, fp32 sums).
+// The tensor-map kernels, which replace the table's entry where use_tma_kernel holds:
+//   * fp8_e4m3 and bf16 tiles of <= 16 rows on dense page tables with pages of >= 8 tokens
+//     (decode_fp8_tma_kernel.cuh, decode_bf16_tma_kernel.cuh: tensor-map copies of page runs, S
+//     on wgmma); fp8_e4m3 when kpe_scale / ckv_scale is a power of two (q_pe carries it exactly;
+//     one cache scale, as PagedLatentCache keeps, gives 1). Smaller pages and sparse lists are
+//     per token: a tensor-map box of one token into the swizzled tile faults (misaligned address,
+//     bench/NOTES.md v50), and the fragment kernel's one bulk copy a token beat cp.async copies in
+//     the TMA kernel (v18b). PlanOptions::exact_scores keeps the fp8 fragment kernel (fp16
+//     products, fp32 sums);
+//   * bf16 tiles of 17-64 rows on dense pages of >= 64 tokens (a 64-token block is one page's
+//     run: nine boxes): FlashMLA's schedule (decode_bf16_seesaw_kernel.cuh: two warpgroups,
+//     tensor-map panels refilled by the warpgroup that read them last; bench/NOTES.md v53-v55).
 const KernelEntry kFp8TmaKernel{&mla_decode_fp8_tma_kernel, fp8tma::kSmemBytes};
 const KernelEntry kBf16TmaKernel{&mla_decode_bf16_tma_kernel, bf16tma::kSmemBytes};
+const KernelEntry kBf16SeesawKernel{&mla_decode_bf16_seesaw_kernel, seesaw::Layout::kSmemBytes,
+                                    seesaw::kThreads};
 bool use_tma_kernel(const PlanState& plan, KvFormat format, int row_tiles, float scale_nope,
                     float scale_pe) {
-  if (row_tiles != 1 || plan.page_size < 8 || plan.topk != 0) return false;
+  if (plan.topk != 0) return false;
+  if (row_tiles > 1) return format == KvFormat::bf16 && plan.page_size >= 64;
+  if (plan.page_size < 8) return false;
   if (format == KvFormat::bf16) return true;
   int e = 0;
   const bool pow2 = std::isnormal(scale_nope) && std::isnormal(scale_pe) &&
@@ -213,6 +222,7 @@ bool use_tma_kernel(const PlanState& plan, KvFormat format, int row_tiles, float
 }
 
 const KernelEntry& decode_kernel(KvFormat format, int row_tiles, bool tma = false) {
+  if (tma && row_tiles > 1) return kBf16SeesawKernel;
   if (tma) return format == KvFormat::bf16 ? kBf16TmaKernel : kFp8TmaKernel;
   return kDecodeKernels[static_cast<int>(format)][row_tile_index(row_tiles)];
 }

@@ -42,7 +42,29 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const WorkTile& t,
   };
   std::uint32_t* amax = reinterpret_cast<std::uint32_t*>(smem + L::kQAmax);
   float* inv = reinterpret_cast<float*>(smem + L::kQInv);
-  if constexpr (!L::kBf16) {
+  auto store = [&](int r, int c, uint4 v) {
+    *reinterpret_cast<uint4*>(smem + L::kQ + (c / 8) * kQPanel + sw128(r, 16 * (c % 8))) = v;
+  };
+  if constexpr (L::kBf16) {
+    // Every chunk of this thread loaded before any store: a store between two loads (generic
+    // pointers, which may alias for all the compiler knows) kept each load behind the previous
+    // store, one memory round trip a chunk: 7-13% of a 128-head bf16 call (bench/NOTES.md v54).
+    // (The same batching measured 1-21% slower in fp8's two passes below, so they keep the loop.)
+    constexpr int kPer = kRows * 72 / kThreads;
+    static_assert(kPer * kThreads == kRows * 72, "whole chunks a thread");
+    uint4 v[kPer];
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int i = static_cast<int>(threadIdx.x) + k * kThreads;
+      v[k] = q_chunk(i / 72, i % 72);
+    }
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int i = static_cast<int>(threadIdx.x) + k * kThreads;
+      if (i % 72 == 0) inv[i / 72] = 1.0f;
+      store(i / 72, i % 72, v[k]);
+    }
+  } else {
     if (threadIdx.x < kRows) amax[threadIdx.x] = 0;
     named_barrier_sync(kConsumerBarrier, kThreads);
     for (int i = threadIdx.x; i < kRows * 72; i += kThreads) {
@@ -53,20 +75,16 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const WorkTile& t,
       atomicMax(&amax[r], __float_as_uint(m));  // non-negative floats order as their bits
     }
     named_barrier_sync(kConsumerBarrier, kThreads);
-  }
-  for (int i = threadIdx.x; i < kRows * 72; i += kThreads) {
-    const int r = i / 72, c = i % 72;
-    uint4 v = q_chunk(r, c);
-    if constexpr (L::kBf16) {
-      if (c == 0) inv[r] = 1.0f;
-    } else {
+    for (int i = threadIdx.x; i < kRows * 72; i += kThreads) {
+      const int r = i / 72, c = i % 72;
+      uint4 v = q_chunk(r, c);
       const int e = decode::q_row_exponent(__uint_as_float(amax[r]));
       const float scale = c < 64 ? ldexpf(1.0f, e) : ldexpf(ratio, e);
       if (c == 0) inv[r] = ldexpf(1.0f, -e);
       v = make_uint4(decode::scale_to_half2(v.x, scale), decode::scale_to_half2(v.y, scale),
                      decode::scale_to_half2(v.z, scale), decode::scale_to_half2(v.w, scale));
+      store(r, c, v);
     }
-    *reinterpret_cast<uint4*>(smem + L::kQ + (c / 8) * kQPanel + sw128(r, 16 * (c % 8))) = v;
   }
   fence_proxy_async();
   named_barrier_sync(kConsumerBarrier, kThreads);
@@ -141,6 +159,12 @@ __device__ __forceinline__ void add_sums(float (&row_sum)[2], const std::uint32_
         kBf16 ? bf16x2_to_float2(pa[j]) : __half22float2(*reinterpret_cast<const __half2*>(&pa[j]));
     row_sum[j % 2] += f.x + f.y;
   }
+}
+
+// A thread's partial row sum (its columns of a row) summed over its quad: the whole row's.
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
 // O (4 panels of 64 dims) times f per row; only when a row of the warp has f != 1.

@@ -1,5 +1,6 @@
 // The warp-specialized decode kernel for tiles of 17-64 rows (128-head models run two 64-row
-// tiles per request), for fp8_e4m3 and bf16 caches, so that the tensor cores work while another
+// tiles per request), for fp8_e4m3 caches and bf16 caches on pages of < 64 tokens (bf16 on pages
+// of >= 64 runs decode_bf16_seesaw_kernel.cuh), so that the tensor cores work while another
 // warpgroup fetches. One CTA of three warpgroups per WorkTile, one CTA per SM; 64-token blocks in
 // two 16-bit tiles (nine 128-byte-swizzled panels of 64 dims, read as K by S and as V by P V):
 //   * warpgroup 2 (the producer) fills tile b % 2 with block b once both consumers are done
@@ -499,8 +500,7 @@ __global__ void __launch_bounds__(ws::kThreads, 1)
       for (int c = 0; c < 4; ++c) wgmma_fence_operand(o[c]);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
-        row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
+        row_sum[h] = wg::quad_sum(row_sum[h]);
         if (tq == 0) stats[16 * warp + g + 8 * h] = make_float2(row_max[h], row_sum[h]);
       }
       named_barrier_sync(wg::kConsumerBarrier, wg::kThreads);  // the rows' max and sum

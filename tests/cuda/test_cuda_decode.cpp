@@ -269,12 +269,17 @@ const GridCase kGrid[] = {
     // of two: the fragment kernel)
     {F8, 16, 64, 3, 1, 2, true, 1, 600, FU, 0.03125f, 32.0f},
     {F8, 16, 64, 3, 1, 2, true, 1, 600, FU, 1e-3f, 1e3f},
-    // 17-64-row bf16 tiles at page 64: ragged lengths from 0 (odd and even block counts), and
-    // 32 heads x 2 query tokens on the split layout; page 1 on the fused layout (one multiply a
-    // token's address)
+    // 17-64-row bf16 tiles at page 64 (FlashMLA's schedule, the seesaw kernel): ragged lengths
+    // from 0 (odd and even block counts, the last pair without its second block), and 32 heads x
+    // 2 query tokens on the split layout; page 1 on the fused layout (the warp-specialized
+    // kernel, one multiply a token's address)
     {BF, 128, 64, 3, 1, 1, false, 0, 700, FU, 1.0f, 1.0f},
     {BF, 32, 64, 3, 1, 2, true, 1, 900, SP, 1.0f, 1.0f},
     {BF, 64, 1, 3, 1, 1, false, 0, 600, FU, 1.0f, 1.0f},
+    // ... the seesaw kernel on pages of 128 tokens: 20 heads x 3 query tokens (rows past a
+    // tile's 60), causal, on the split layout; 64 heads on fused pages, long enough to split
+    {BF, 20, 128, 3, 1, 3, true, 1, 2600, SP, 1.0f, 1.0f},
+    {BF, 64, 128, 2, 1, 1, false, 500, 3000, FU, 1.0f, 1.0f},
     // <= 16-row bf16 tiles on pages of >= 8 tokens (the bf16 TMA kernel): page sizes 128, 8 and
     // 32 (several page runs a block), split and fused layouts, lengths from 0, causal multi-token
     {BF, 16, 128, 3, 1, 1, false, 1, 900, SP, 1.0f, 1.0f},
@@ -493,6 +498,16 @@ TEST(CudaDecodeSplit, LongContextSplitsAndMerges) {
     s.seed = 77;
     PlanOptions o;
     o.min_chunk_tokens = 256;  // force many splits
+    run_case(s, o);
+  }
+  // 128 heads (two 64-row tiles a request) of bf16 at page 64: the seesaw kernel on split tiles
+  // (chunks of whole blocks); the second length ends mid-block
+  for (int len : {4096, 4096 + 64 * 3 + 17}) {
+    test::ProblemSpec s = decode_spec(BF, 128, 64, len, len, 79);
+    s.batch = 1;
+    PlanOptions o;
+    o.min_chunk_tokens = 256;
+    EXPECT_GT(plan(test::make_case(s).problem(DeviceKind::cuda), o).num_splits()[0], 1);
     run_case(s, o);
   }
   test::ProblemSpec causal;
