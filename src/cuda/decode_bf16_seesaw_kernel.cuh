@@ -38,6 +38,7 @@ inline constexpr int kThreads = 2 * 128;
 
 struct Layout {
   static constexpr bool kBf16 = true;  // wg::load_q: Q as given
+  static constexpr int kQGroup = 18;   // wg::load_q: all a thread's chunks at once (v54, v61)
   static constexpr int kQ = 0;  // nine panels; panel 8 holds warpgroup 1's P once Q's rope is read
   static constexpr int kTile = kQ + 9 * wg::kQPanel;       // [2]
   static constexpr int kP0 = kTile + 2 * kTileBytes;       // warpgroup 0's P, at b1's base

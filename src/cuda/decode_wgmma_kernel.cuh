@@ -26,8 +26,9 @@ inline constexpr int kConsumerBarrier = 1;   // threads 0-255, named barrier 1
 // Q rows into the nine swizzled panels at L::kQ (zero rows past the tile). fp8 caches: fp16,
 // each row scaled by 2^e (decode::q_row_exponent over its nope values and its ratio-scaled rope
 // values), L::kQInv = 2^-e; bf16 caches (L::kBf16): bf16 as given, kQInv = 1. L::kQAmax: 64
-// words of scratch. Run by the two consumer warpgroups (threads 0-255) alone: their barriers are
-// named barrier 1 (kConsumerBarrier), and it ends with one.
+// words of scratch; L::kQGroup: chunks a thread loads at once. Run by the two consumer warpgroups
+// (threads 0-255) alone: their barriers are named barrier 1 (kConsumerBarrier), and it ends with
+// one.
 template <class L>
 __device__ __forceinline__ void load_q(const DecodeParams& p, const WorkTile& t, int q_first,
                                        float ratio, std::uint8_t* smem) {
@@ -42,48 +43,54 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const WorkTile& t,
   };
   std::uint32_t* amax = reinterpret_cast<std::uint32_t*>(smem + L::kQAmax);
   float* inv = reinterpret_cast<float*>(smem + L::kQInv);
-  auto store = [&](int r, int c, uint4 v) {
-    *reinterpret_cast<uint4*>(smem + L::kQ + (c / 8) * kQPanel + sw128(r, 16 * (c % 8))) = v;
+  auto chunk_at = [&](int r, int c) {
+    return reinterpret_cast<uint4*>(smem + L::kQ + (c / 8) * kQPanel + sw128(r, 16 * (c % 8)));
   };
-  if constexpr (L::kBf16) {
-    // Every chunk of this thread loaded before any store: a store between two loads (generic
-    // pointers, which may alias for all the compiler knows) kept each load behind the previous
-    // store, one memory round trip a chunk: 7-13% of a 128-head bf16 call (bench/NOTES.md v54).
-    // (The same batching measured 1-21% slower in fp8's two passes below, so they keep the loop.)
-    constexpr int kPer = kRows * 72 / kThreads;
-    static_assert(kPer * kThreads == kRows * 72, "whole chunks a thread");
-    uint4 v[kPer];
+  // A thread's 18 chunks in groups of L::kQGroup, each group's loads issued before its stores: a
+  // store between two loads (generic pointers, which may alias for all the compiler knows) kept
+  // every load behind the previous store, one memory round trip a chunk (bench/NOTES.md v54).
+  // The warp-specialized kernel loads 6 at a time: all 18 in flight delayed its producer's first
+  // block (fp8 up to 5% slower than one at a time, 6 at a time up to 17% faster: v59-v61).
+  constexpr int kPer = kRows * 72 / kThreads;
+  constexpr int kGroup = L::kQGroup;
+  static_assert(kPer * kThreads == kRows * 72 && kPer % kGroup == 0, "whole chunks a thread");
+  if constexpr (!L::kBf16) {
+    if (threadIdx.x < kRows) amax[threadIdx.x] = 0;
+    named_barrier_sync(kConsumerBarrier, kThreads);
+  }
+#pragma unroll 1
+  for (int k0 = 0; k0 < kPer; k0 += kGroup) {
+    uint4 v[kGroup];
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      const int i = static_cast<int>(threadIdx.x) + k * kThreads;
+    for (int k = 0; k < kGroup; ++k) {
+      const int i = static_cast<int>(threadIdx.x) + (k0 + k) * kThreads;
       v[k] = q_chunk(i / 72, i % 72);
     }
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      const int i = static_cast<int>(threadIdx.x) + k * kThreads;
-      if (i % 72 == 0) inv[i / 72] = 1.0f;
-      store(i / 72, i % 72, v[k]);
+    for (int k = 0; k < kGroup; ++k) {
+      const int i = static_cast<int>(threadIdx.x) + (k0 + k) * kThreads, r = i / 72, c = i % 72;
+      if constexpr (L::kBf16) {
+        if (c == 0) inv[r] = 1.0f;
+      } else if (r < rows) {
+        float m = __uint_as_float(decode::abs_max_bits(v[k]));
+        if (c >= 64) m *= ratio;
+        atomicMax(&amax[r], __float_as_uint(m));  // non-negative floats order as their bits
+      }
+      *chunk_at(r, c) = v[k];  // fp8: bf16 as given, scaled in place below
     }
-  } else {
-    if (threadIdx.x < kRows) amax[threadIdx.x] = 0;
-    named_barrier_sync(kConsumerBarrier, kThreads);
-    for (int i = threadIdx.x; i < kRows * 72; i += kThreads) {
-      const int r = i / 72, c = i % 72;
-      if (r >= rows) continue;
-      float m = __uint_as_float(decode::abs_max_bits(q_chunk(r, c)));
-      if (c >= 64) m *= ratio;
-      atomicMax(&amax[r], __float_as_uint(m));  // non-negative floats order as their bits
-    }
-    named_barrier_sync(kConsumerBarrier, kThreads);
-    for (int i = threadIdx.x; i < kRows * 72; i += kThreads) {
-      const int r = i / 72, c = i % 72;
-      uint4 v = q_chunk(r, c);
+  }
+  if constexpr (!L::kBf16) {
+    named_barrier_sync(kConsumerBarrier, kThreads);  // every row's max
+#pragma unroll 6
+    for (int k = 0; k < kPer; ++k) {  // this thread's own chunks: no barrier before
+      const int i = static_cast<int>(threadIdx.x) + k * kThreads, r = i / 72, c = i % 72;
       const int e = decode::q_row_exponent(__uint_as_float(amax[r]));
       const float scale = c < 64 ? ldexpf(1.0f, e) : ldexpf(ratio, e);
       if (c == 0) inv[r] = ldexpf(1.0f, -e);
-      v = make_uint4(decode::scale_to_half2(v.x, scale), decode::scale_to_half2(v.y, scale),
+      const uint4 v = *chunk_at(r, c);
+      *chunk_at(r, c) =
+          make_uint4(decode::scale_to_half2(v.x, scale), decode::scale_to_half2(v.y, scale),
                      decode::scale_to_half2(v.z, scale), decode::scale_to_half2(v.w, scale));
-      store(r, c, v);
     }
   }
   fence_proxy_async();

@@ -45,6 +45,7 @@ inline constexpr int kTileBytes = 9 * kPanel;
 template <bool kBf16Cache>
 struct Layout {
   static constexpr bool kBf16 = kBf16Cache;  // load_q: bf16 Q as given, else fp16 scaled by 2^e
+  static constexpr int kQGroup = 6;          // load_q: Q chunks a thread loads at once (v61)
   static constexpr int kQ = 0;
   static constexpr int kTile = kQ + 9 * wg::kQPanel;          // [2] 16-bit tiles
   static constexpr int kFlags = kTile + 2 * kTileBytes;       // [tile][token] present
