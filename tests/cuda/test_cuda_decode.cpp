@@ -621,13 +621,11 @@ std::vector<std::int32_t> shuffled_pages(const test::RandomCase& c, std::mt19937
   return pages;
 }
 
-// run() captured in a CUDA graph; replan() with new lengths; the replay matches the reference.
-TEST(CudaGraph, CaptureReplanReplay) {
-  SKIP_WITHOUT_GPU();
-  test::ProblemSpec s = decode_spec(F8, 16, 16, 1, 3000, 31);
+// capture_replan_replay for six requests of spec s, re-planned to new lengths of 0-5000 tokens.
+void capture_replan_replay_lengths(test::ProblemSpec s) {
   s.batch = 6;
-  s.spare_pages = 400;      // room for the second batch's longer contexts
-  s.poison_unused = false;  // the second batch reads pages the first one left unused
+  s.spare_pages = 400 * 16 / s.page_size;  // room for the second batch's longer contexts
+  s.poison_unused = false;                 // the second batch reads pages the first one left unused
   test::RandomCase c1 = test::make_case(s);
   PlanOptions o;
   o.max_batch = 8;
@@ -651,6 +649,22 @@ TEST(CudaGraph, CaptureReplanReplay) {
     return c2;
   };
   capture_replan_replay(c1, o, second, [](const Plan&, int) {});
+}
+
+// run() captured in a CUDA graph; replan() with new lengths; the replay matches the reference.
+// Three kernel families: the fp8 <= 16-row TMA kernel (16 heads, page 16), the bf16 seesaw
+// kernel (128 heads, page 64) and the fp8 warp-specialized kernel (128 heads, page 64).
+TEST(CudaGraph, CaptureReplanReplay) {
+  SKIP_WITHOUT_GPU();
+  const struct {
+    KvFormat f;
+    int heads, page_size;
+  } kinds[] = {{F8, 16, 16}, {BF, 128, 64}, {F8, 128, 64}};
+  for (const auto& k : kinds) {
+    SCOPED_TRACE(std::string(format_name(k.f)) + ", heads " + std::to_string(k.heads) + ", page " +
+                 std::to_string(k.page_size));
+    capture_replan_replay_lengths(decode_spec(k.f, k.heads, k.page_size, 1, 3000, 31));
+  }
 }
 
 // A graph keeps the split-merge form it was captured with. A bs-1 plan of <= 32 rows and <= 128
