@@ -65,12 +65,6 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// Arrival on named barrier `id` without waiting: a producer's half of a one-way handoff whose
-// consumers call named_barrier_sync with the same thread count.
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-  asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 // mbarriers and bulk copies (sm_90): the TMA engine copies contiguous global bytes (16-byte
 // aligned, a multiple of 16) into shared memory and counts them on an mbarrier, whose phase
 // completes once its arrivals and the expected bytes are all in.

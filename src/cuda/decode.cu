@@ -204,7 +204,7 @@ const std::array<std::array<KernelEntry, 3>, 3> kDecodeKernels = {{
 //     products, fp32 sums);
 //   * bf16 tiles of 17-64 rows on dense pages of >= 64 tokens (a 64-token block is one page's
 //     run: nine boxes): FlashMLA's schedule (decode_bf16_seesaw_kernel.cuh: two warpgroups,
-//     tensor-map panels refilled by the warpgroup that read them last; bench/NOTES.md v53-v55).
+//     tensor-map panels refilled by the warpgroup that read them last; bench/NOTES.md v53-v56).
 const KernelEntry kFp8TmaKernel{&mla_decode_fp8_tma_kernel, fp8tma::kSmemBytes};
 const KernelEntry kBf16TmaKernel{&mla_decode_bf16_tma_kernel, bf16tma::kSmemBytes};
 const KernelEntry kBf16SeesawKernel{&mla_decode_bf16_seesaw_kernel, seesaw::Layout::kSmemBytes,

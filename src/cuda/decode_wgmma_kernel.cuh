@@ -49,8 +49,8 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const WorkTile& t,
   // A thread's 18 chunks in groups of L::kQGroup, each group's loads issued before its stores: a
   // store between two loads (generic pointers, which may alias for all the compiler knows) kept
   // every load behind the previous store, one memory round trip a chunk (bench/NOTES.md v54).
-  // The warp-specialized kernel loads 6 at a time: all 18 in flight delayed its producer's first
-  // block (fp8 up to 5% slower than one at a time, 6 at a time up to 17% faster: v59-v61).
+  // The warp-specialized kernel loads 6 at a time: all 18 in flight delay its producer's first
+  // block (fp8: all 18 up to 5% slower than one at a time, 6 up to 17% faster; v58-v61).
   constexpr int kPer = kRows * 72 / kThreads;
   constexpr int kGroup = L::kQGroup;
   static_assert(kPer * kThreads == kRows * 72 && kPer % kGroup == 0, "whole chunks a thread");
@@ -82,7 +82,7 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const WorkTile& t,
   if constexpr (!L::kBf16) {
     named_barrier_sync(kConsumerBarrier, kThreads);  // every row's max
 #pragma unroll 6
-    for (int k = 0; k < kPer; ++k) {  // this thread's own chunks: no barrier before
+    for (int k = 0; k < kPer; ++k) {  // the chunks this thread stored itself
       const int i = static_cast<int>(threadIdx.x) + k * kThreads, r = i / 72, c = i % 72;
       const int e = decode::q_row_exponent(__uint_as_float(amax[r]));
       const float scale = c < 64 ? ldexpf(1.0f, e) : ldexpf(ratio, e);
