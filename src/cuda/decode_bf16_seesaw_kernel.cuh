@@ -119,15 +119,6 @@ __device__ __forceinline__ void s_panels(float (&s)[32], std::uint64_t dq, std::
   if constexpr (k0 + 1 < k1) s_panels<k0 + 1, k1, false>(s, dq, dk, qpe, bars, parity);
 }
 
-// Row r's A-fragment address in a 64 x 64 16-bit panel (128-byte swizzle) for ldmatrix /
-// stmatrix of k-step kk: lane l of warp w gives row 16 w + 8 (l / 8 % 2) + l % 8, columns
-// 16 kk + 8 (l / 16), so the four 8x8 matrices are the A fragment's four registers.
-__device__ __forceinline__ std::uint8_t* frag_addr(std::uint8_t* panel, int warp, int lane,
-                                                   int kk) {
-  const int row = 16 * warp + 8 * (lane / 8 % 2) + lane % 8, col = 16 * kk + 8 * (lane / 16);
-  return panel + sw128(row, 2 * col);
-}
-
 // P's floats (the S accumulator's layout) times f per row, as bf16 A fragments.
 __device__ __forceinline__ void pack_p(std::uint32_t (&pa)[4][4], const float (&s)[32],
                                        const float (&f)[2]) {
@@ -218,7 +209,7 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
   std::uint32_t qpe[4][4];
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk)
-    ldmatrix_x4(qpe[kk], frag_addr(smem + L::kQ + 8 * wg::kQPanel, warp, lane, kk));
+    ldmatrix_x4(qpe[kk], wg::frag_addr(smem + L::kQ + 8 * wg::kQPanel, warp, lane, kk));
 
   int limit[2];
   float sc[2];
@@ -309,7 +300,8 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
       if (has1) f1[0] = scale1[row0], f1[1] = scale1[row0 + 8];
       if (__any_sync(0xffffffffu, f1[0] != 1.0f || f1[1] != 1.0f)) pack_p(pa, s, f1);
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) stmatrix_x4(frag_addr(smem + L::kP0, warp, lane, kk), pa[kk]);
+      for (int kk = 0; kk < 4; ++kk)
+        stmatrix_x4(wg::frag_addr(smem + L::kP0, warp, lane, kk), pa[kk]);
       send(kP0Ready);
       if (has1) {
         receive(kP1Ready, i);
@@ -317,7 +309,7 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
         row_sum[0] *= f1[0], row_sum[1] *= f1[1];
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
-          ldmatrix_x4(pa[kk], frag_addr(smem + L::kQ + 8 * wg::kQPanel, warp, lane, kk));
+          ldmatrix_x4(pa[kk], wg::frag_addr(smem + L::kQ + 8 * wg::kQPanel, warp, lane, kk));
         if (valid_tokens(b1) < kN) zero_v_rows(tiles + kTileBytes, 0, valid_tokens(b1), 0);
         pv(1, pa);
       }
@@ -361,14 +353,15 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
       if (has1) {
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
-          stmatrix_x4(frag_addr(smem + L::kQ + 8 * wg::kQPanel, warp, lane, kk), pa[kk]);
+          stmatrix_x4(wg::frag_addr(smem + L::kQ + 8 * wg::kQPanel, warp, lane, kk), pa[kk]);
         if (valid_tokens(b1) < kN) zero_v_rows(tiles + kTileBytes, 4, valid_tokens(b1), 1);
         pv(1, pa);
       }
       receive(kP0Ready, i);
       std::uint32_t pb[4][4];  // P0; pa may still be read by P1 V1 in flight
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) ldmatrix_x4(pb[kk], frag_addr(smem + L::kP0, warp, lane, kk));
+      for (int kk = 0; kk < 4; ++kk)
+        ldmatrix_x4(pb[kk], wg::frag_addr(smem + L::kP0, warp, lane, kk));
       if (valid_tokens(b0) < kN) zero_v_rows(tiles, 4, valid_tokens(b0), 1);
       pv(0, pb);
       if (has1) send(kP1Ready);

@@ -168,6 +168,16 @@ __device__ __forceinline__ void add_sums(float (&row_sum)[2], const std::uint32_
   }
 }
 
+// The address lane `lane` of warp `warp` gives ldmatrix / stmatrix for k-step kk of a 64 x 64
+// 16-bit panel (128-byte swizzle): row 16 warp + 8 (lane / 8 % 2) + lane % 8, columns 16 kk +
+// 8 (lane / 16), so the four 8x8 matrices are the wgmma A fragment a[0..3] (rows + 8 (j % 2),
+// columns + 8 (j / 2)) of the warp's 16 rows.
+__device__ __forceinline__ std::uint8_t* frag_addr(std::uint8_t* panel, int warp, int lane,
+                                                   int kk) {
+  const int row = 16 * warp + 8 * (lane / 8 % 2) + lane % 8, col = 16 * kk + 8 * (lane / 16);
+  return panel + sw128(row, 2 * col);
+}
+
 // A thread's partial row sum (its columns of a row) summed over its quad: the whole row's.
 __device__ __forceinline__ float quad_sum(float v) {
   v += __shfl_xor_sync(0xffffffffu, v, 1);

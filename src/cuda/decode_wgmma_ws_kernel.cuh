@@ -254,12 +254,11 @@ __device__ __forceinline__ void copy_bf16_block(const DecodeParams& p, const Wor
 }
 
 // P of block tile `tile` (64 rows x 64 tokens, 16-bit, in the tile's rope panel once S has read
-// it): the row address lane `lane` of warp `warp` gives ldmatrix / stmatrix for k-step kk, so that
-// the four 8x8 matrices are the A fragment pa[kk][0..3] (rows + 8 (j % 2), columns + 8 (j / 2)).
+// it): lane `lane`'s ldmatrix / stmatrix address for k-step kk (wg::frag_addr).
 __device__ __forceinline__ std::uint8_t* p_frag_addr(std::uint8_t* smem, int tile, int warp,
                                                      int lane, int kk) {
-  const int row = 16 * warp + 8 * (lane / 8 % 2) + lane % 8, col = 16 * kk + 8 * (lane / 16);
-  return smem + Layout<false>::kTile + tile * kTileBytes + 8 * kPanel + sw128(row, 2 * col);
+  return wg::frag_addr(smem + Layout<false>::kTile + tile * kTileBytes + 8 * kPanel, warp, lane,
+                       kk);
 }
 
 // Threads and registers: warpgroups 0 and 1 consume (S, softmax, P V), warpgroup 2 fetches.
