@@ -333,7 +333,9 @@ __global__ void __maxnreg__(decode::kMaxRegsTwoCtas)
   if (!decode::load_tile(p, tile)) return;
   extern __shared__ __align__(1024) std::uint8_t smem_raw[];
   // Swizzle atoms need a 1024-byte aligned base; offsetting smem_raw (not rounding a cast
-  // integer) keeps the pointer visibly in shared memory, so accesses stay LDS / STS.
+  // integer) keeps the pointer visibly in shared memory, so accesses stay LDS / STS. Written
+  // here rather than as dynamic_smem_1k(): with that helper ptxas spills 4 bytes in this kernel
+  // (nvcc 13.0, at its 112-register cap).
   std::uint8_t* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
   const WorkTile t = tile.tile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
