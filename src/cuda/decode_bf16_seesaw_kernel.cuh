@@ -34,7 +34,7 @@ namespace seesaw {
 inline constexpr int kN = 64;            // cache tokens a block
 inline constexpr int kPanel = kN * 128;  // 64 tokens x 64 bf16 dims
 inline constexpr int kTileBytes = 9 * kPanel;
-inline constexpr int kThreads = 2 * 128;
+inline constexpr int kThreads = wg::kThreads;  // the two warpgroups, no producer
 
 struct Layout {
   static constexpr bool kBf16 = true;  // wg::load_q: Q as given

@@ -591,14 +591,18 @@ TEST(CudaDecodeSparse, RunTimeIndicesOverrideThePlannedOnes) {
   expect_matches(d, ref, "sparse override");
 }
 
-// A CUDA-graph plan (options o, bounded by c1's pool and one query token a request) for c1, with
-// the engine's fixed buffers (c1's pool and q):
-// run() captured and replayed, then replan() for c2 = second(c1) over the same pool and q and the
-// same graph replayed; both replays must match the reference. check(p, 1 | 2) runs after each
-// plan (its fatal failures stop the test).
+// A CUDA-graph plan (options o with o.max_batch requests, bounded by c1's pool and one query
+// token a request) for c1 = make_case(s), with the engine's fixed buffers (c1's pool and q):
+// run() captured and replayed, then replan() for c2 = second(c1) over the same pool and q (so
+// c1's pool is not poisoned: c2 reads pages c1 left unused) and the same graph replayed; both
+// replays must match the reference. check(p, 1 | 2) runs after each plan (its fatal failures
+// stop the test).
 template <class Second, class Check>
-void capture_replan_replay(test::RandomCase& c1, PlanOptions o, Second second, Check check) {
+void capture_replan_replay(test::ProblemSpec s, PlanOptions o, Second second, Check check) {
+  s.poison_unused = false;
+  test::RandomCase c1 = test::make_case(s);
   o.cuda_graph = true;
+  o.max_total_q = o.max_batch;
   o.max_kv_indices = static_cast<std::int64_t>(c1.num_pages);
   o.max_qo_len = 1;
   Plan p = plan(c1.problem(DeviceKind::cuda), o);
@@ -636,11 +640,8 @@ std::vector<std::int32_t> shuffled_pages(const test::RandomCase& c, std::mt19937
 void capture_replan_replay_lengths(test::ProblemSpec s) {
   s.batch = 6;
   s.spare_pages = 400 * 16 / s.page_size;  // room for the second batch's longer contexts
-  s.poison_unused = false;                 // the second batch reads pages the first one left unused
-  test::RandomCase c1 = test::make_case(s);
   PlanOptions o;
   o.max_batch = 8;
-  o.max_total_q = 8;
   // New lengths and page tables over the same pool and q (same total_q).
   auto second = [&](const test::RandomCase& c) {
     test::RandomCase c2 = c;
@@ -659,7 +660,7 @@ void capture_replan_replay_lengths(test::ProblemSpec s) {
     }
     return c2;
   };
-  capture_replan_replay(c1, o, second, [](const Plan&, int) {});
+  capture_replan_replay(s, o, second, [](const Plan&, int) {});
 }
 
 // run() captured in a CUDA graph; replan() with new lengths; the replay matches the reference.
@@ -686,12 +687,9 @@ TEST(CudaGraph, MergeFormCapturedShortServesLongContexts) {
   SKIP_WITHOUT_GPU();
   test::ProblemSpec s = decode_spec(F8, 8, 64, 3000, 3000, 32);
   s.batch = 1;
-  s.spare_pages = 2000;     // room for the second length
-  s.poison_unused = false;  // the second plan reads pages the first one left unused
-  test::RandomCase c1 = test::make_case(s);
+  s.spare_pages = 2000;  // room for the second length
   PlanOptions o;
   o.max_batch = 1;
-  o.max_total_q = 1;
   // The whole pool, pages shuffled: a long context, split more than the captured form preloads.
   auto second = [&](const test::RandomCase& c) {
     test::RandomCase c2 = c;
@@ -701,7 +699,7 @@ TEST(CudaGraph, MergeFormCapturedShortServesLongContexts) {
     c2.kv_len[0] = static_cast<int>(c2.kv_indices.size()) * s.page_size - 17;
     return c2;
   };
-  capture_replan_replay(c1, o, second, [](const Plan& p, int stage) {
+  capture_replan_replay(s, o, second, [](const Plan& p, int stage) {
     if (stage == 1) {
       ASSERT_GT(p.num_splits()[0], 1) << "the first plan must split";
       ASSERT_LE(p.num_splits()[0], 128) << "the first plan must capture the preloading form";
