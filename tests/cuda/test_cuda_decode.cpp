@@ -292,6 +292,12 @@ const GridCase kGrid[] = {
     {F8, 128, 64, 3, 1, 1, false, 0, 700, FU, 1.0f, 1.0f},
     {F8, 20, 128, 3, 1, 3, true, 1, 2600, SP, 2.0f, 0.5f},
     {F8, 64, 128, 2, 1, 1, false, 500, 3000, FU, 1.0f, 1.0f},
+    // <= 16-row fp8 tiles on pages of 2 and 4 tokens (the fragment kernel: several tokens a page
+    // entry), split and fused layouts, lengths from 0, causal multi-token with kpe_scale /
+    // ckv_scale = 4; page 1 with a ratio of 1e6
+    {F8, 16, 2, 4, 1, 1, false, 0, 900, SP, 1.0f, 1.0f},
+    {F8, 8, 4, 3, 1, 2, true, 1, 700, FU, 0.5f, 2.0f},
+    {F8, 12, 1, 3, 1, 1, false, 1, 600, FU, 1e-3f, 1e3f},
 };
 
 class CudaDecodeGrid : public ::testing::TestWithParam<GridCase> {};
