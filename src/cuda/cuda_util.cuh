@@ -423,6 +423,17 @@ __device__ __forceinline__ void wgmma_64x16x16_bf16(float (&d)[8], std::uint64_t
       : FP8MLA_WGMMA_D8
       : "l"(a), "l"(b), "r"(accumulate));
 }
+// D (64 x 16 fp32) (+)= A (64 x 16 bf16 in registers: the m16n8k16 A fragment of each warp's 16
+// rows) * B (16 x 16 bf16, shared memory, K-major).
+__device__ __forceinline__ void wgmma_64x16x16_bf16_rs(float (&d)[8], const std::uint32_t (&a)[4],
+                                                       std::uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %13, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16"
+      " {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+      : FP8MLA_WGMMA_D8
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
 __device__ __forceinline__ void wgmma_64x32x32_e4m3(float (&d)[16], std::uint64_t a,
                                                     std::uint64_t b, int accumulate) {
   FP8MLA_WGMMA_64x32x32_E4M3;

@@ -183,8 +183,8 @@ constexpr int row_tile_index(int mt) {
 }
 // Tiles of 17-64 rows (two or four m-tiles) of fp8_e4m3 and bf16 caches run the warp-specialized
 // wgmma kernel (decode_wgmma_ws_kernel.cuh); fp8_e4m3 with <= 16 rows has the fragment kernel
-// (decode_fp8_kernel.cuh); the rest (the block format, bf16 <= 16 rows) the shared-tile kernel,
-// unless use_tma_kernel below picks a tensor-map kernel.
+// (decode_fp8_kernel.cuh); the rest (the block format, bf16 <= 16 rows) the shared-tile kernel
+// (decode_kernel.cuh), unless choose_kernel below picks another.
 const std::array<std::array<KernelEntry, 3>, 3> kDecodeKernels = {{
     {entry<KvFormat::bf16, 1>(), ws_entry<true>(), ws_entry<true>()},
     {KernelEntry{&mla_decode_fp8_kernel, fp8frag::kSmemBytes}, ws_entry<false>(),
@@ -193,38 +193,54 @@ const std::array<std::array<KernelEntry, 3>, 3> kDecodeKernels = {{
      entry<KvFormat::fp8_e4m3_block, 4>()},
 }};
 
-// The tensor-map kernels, which replace the table's entry where use_tma_kernel holds:
+// The kernels that replace the table's entry where choose_kernel picks them:
 //   * fp8_e4m3 and bf16 tiles of <= 16 rows on dense page tables with pages of >= 8 tokens
 //     (decode_fp8_tma_kernel.cuh, decode_bf16_tma_kernel.cuh: tensor-map copies of page runs, S
 //     on wgmma); fp8_e4m3 when kpe_scale / ckv_scale is a power of two (q_pe carries it exactly;
-//     one cache scale, as PagedLatentCache keeps, gives 1). Smaller pages and sparse lists are
-//     per token: a tensor-map box of one token into the swizzled tile faults (misaligned address,
-//     bench/NOTES.md v50), and the fragment kernel's one bulk copy a token beat cp.async copies in
-//     the TMA kernel (v18b). PlanOptions::exact_scores keeps the fp8 fragment kernel (fp16
+//     one cache scale, as PagedLatentCache keeps, gives 1). Smaller fp8 pages and sparse lists
+//     keep the fragment kernel: a tensor-map box of one token into the swizzled tile faults
+//     (misaligned address, bench/NOTES.md v50), and the TMA kernel with per-token copies gained
+//     only 2% on it (v65). PlanOptions::exact_scores keeps the fp8 fragment kernel (fp16
 //     products, fp32 sums);
+//   * bf16 tiles of <= 16 rows on dense pages of < 8 tokens: the bf16 TMA kernel's gather
+//     instantiation (one bulk copy a token into padded rows, S's cache operand from registers;
+//     v66);
 //   * bf16 tiles of 17-64 rows on dense pages of >= 64 tokens (a 64-token block is one page's
 //     run: nine boxes): FlashMLA's schedule (decode_bf16_seesaw_kernel.cuh: two warpgroups,
 //     tensor-map panels refilled by the warpgroup that read them last; bench/NOTES.md v53-v56).
 const KernelEntry kFp8TmaKernel{&mla_decode_fp8_tma_kernel, fp8tma::kSmemBytes};
-const KernelEntry kBf16TmaKernel{&mla_decode_bf16_tma_kernel, bf16tma::kSmemBytes};
+const KernelEntry kBf16TmaKernel{&mla_decode_bf16_tma_kernel<false>,
+                                 bf16tma::Layout<false>::kSmemBytes};
+const KernelEntry kBf16GatherKernel{&mla_decode_bf16_tma_kernel<true>,
+                                    bf16tma::Layout<true>::kSmemBytes};
 const KernelEntry kBf16SeesawKernel{&mla_decode_bf16_seesaw_kernel, seesaw::Layout::kSmemBytes,
                                     seesaw::kThreads};
-bool use_tma_kernel(const PlanState& plan, KvFormat format, int row_tiles, float scale_nope,
-                    float scale_pe) {
-  if (plan.topk != 0) return false;
-  if (row_tiles > 1) return format == KvFormat::bf16 && plan.page_size >= 64;
-  if (plan.page_size < 8) return false;
-  if (format == KvFormat::bf16) return true;
+
+const KernelEntry& decode_kernel(KvFormat format, int row_tiles) {
+  return kDecodeKernels[static_cast<int>(format)][row_tile_index(row_tiles)];
+}
+
+// The kernel a run launches, and whether it reads the cache through tensor maps.
+struct KernelChoice {
+  const KernelEntry* kernel;
+  bool tensor_maps;
+};
+KernelChoice choose_kernel(const PlanState& plan, KvFormat format, int row_tiles, float scale_nope,
+                           float scale_pe) {
+  const KernelChoice table{&decode_kernel(format, row_tiles), false};
+  if (plan.topk != 0) return table;
+  if (row_tiles > 1)
+    return format == KvFormat::bf16 && plan.page_size >= 64 ? KernelChoice{&kBf16SeesawKernel, true}
+                                                            : table;
+  if (format == KvFormat::bf16)
+    return plan.page_size >= 8 ? KernelChoice{&kBf16TmaKernel, true}
+                               : KernelChoice{&kBf16GatherKernel, false};
   int e = 0;
   const bool pow2 = std::isnormal(scale_nope) && std::isnormal(scale_pe) &&
                     std::frexp(scale_pe / scale_nope, &e) == 0.5f;
-  return format == KvFormat::fp8_e4m3 && pow2 && !plan.options.exact_scores;
-}
-
-const KernelEntry& decode_kernel(KvFormat format, int row_tiles, bool tma = false) {
-  if (tma && row_tiles > 1) return kBf16SeesawKernel;
-  if (tma) return format == KvFormat::bf16 ? kBf16TmaKernel : kFp8TmaKernel;
-  return kDecodeKernels[static_cast<int>(format)][row_tile_index(row_tiles)];
+  const bool tma =
+      format == KvFormat::fp8_e4m3 && plan.page_size >= 8 && pow2 && !plan.options.exact_scores;
+  return tma ? KernelChoice{&kFp8TmaKernel, true} : table;
 }
 
 // cuTensorMapEncodeTiled (a host function of the driver), found once through the runtime so the
@@ -377,8 +393,8 @@ void cuda_run(PlanState& plan, const RunArgs& args) {
   // Graph-mode plans launch their full capacity (idle CTAs exit at once), so a captured launch
   // stays valid when replan() changes the tile count.
   const std::int64_t grid = b.graph ? b.cap_tiles : b.num_tiles;
-  const bool tma = use_tma_kernel(plan, kv.format, b.row_tiles, p.scale_nope, p.scale_pe);
-  if (tma && grid > 0) {
+  const KernelChoice choice = choose_kernel(plan, kv.format, b.row_tiles, p.scale_nope, p.scale_pe);
+  if (choice.tensor_maps && grid > 0) {
     const int element = kv.format == KvFormat::bf16 ? 2 : 1;  // bytes
     encode_page_map(p.ckv_map, p.ckv, 512 * element, plan.page_size, plan.num_pages,
                     p.ckv_token_stride, p.ckv_page_stride, "kv.ckv");
@@ -396,7 +412,7 @@ void cuda_run(PlanState& plan, const RunArgs& args) {
   cfg.attrs = &pdl;
   cfg.numAttrs = 1;
   if (grid > 0) {
-    const KernelEntry& k = decode_kernel(kv.format, b.row_tiles, tma);
+    const KernelEntry& k = *choice.kernel;
     prepare(k);
     cfg.gridDim = dim3(static_cast<unsigned>(grid));
     cfg.blockDim = dim3(static_cast<unsigned>(k.threads));

@@ -146,6 +146,26 @@ __device__ __forceinline__ float block_max(const float* red_row, float running) 
 }
 
 // ---- the block steps both TMA kernels share (this one and decode_bf16_tma_kernel.cuh) ----
+// A copier's start (PageRunCopier, TokenCopier), before the kernel reads anything the kernel
+// before it may write: the first two blocks' entries (copier lanes), the stages' mbarriers (full:
+// `full_arrivals`, released: `released_arrivals`), then decode::begin_after_previous_kernel.
+template <class Copier>
+__device__ __forceinline__ void start_copies(const Copier& c, const DecodeParams& p,
+                                             std::uint8_t* full, unsigned full_arrivals,
+                                             std::uint8_t* released, unsigned released_arrivals,
+                                             std::int32_t& entry0, std::int32_t& entry1) {
+  if (c.copier) {
+    entry0 = c.entry(p, 0);
+    entry1 = c.entry(p, 1);
+  }
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 2; ++s) mbar_init(full + 8 * s, full_arrivals);
+    for (int s = 0; s < 2; ++s) mbar_init(released + 8 * s, released_arrivals);
+    fence_mbar_init();
+  }
+  decode::begin_after_previous_kernel();
+}
+
 // The copies: lane i of warp 0 copies page run i of a block (np runs of run = min(page_size, 64)
 // tokens) as kCkvSlabs ckv slabs of 128 bytes a token and one kpe slab of kKpeRow bytes a token
 // (the tensor maps' boxes), completing on the stage's mbarrier (kTokenBytes a token); a
@@ -168,21 +188,10 @@ struct PageRunCopier {
     const int j = first(blk);
     return j < kv_end ? p.kv_indices[kv_base + (j >> p.page_shift)] : 0;
   }
-  // Before the kernel reads anything the kernel before it may write: the first two blocks'
-  // entries (copier lanes), the stages' mbarriers (full: np arrivals, released: kWarps), then
-  // decode::begin_after_previous_kernel.
+  // start_copies: full np arrivals (one a page run), released kWarps (lane 0 of each warp).
   __device__ void start(const DecodeParams& p, std::uint8_t* full, std::uint8_t* released,
                         std::int32_t& entry0, std::int32_t& entry1) const {
-    if (copier) {
-      entry0 = entry(p, 0);
-      entry1 = entry(p, 1);
-    }
-    if (threadIdx.x == 0) {
-      for (int s = 0; s < 2; ++s) mbar_init(full + 8 * s, np);
-      for (int s = 0; s < 2; ++s) mbar_init(released + 8 * s, kWarps);
-      fence_mbar_init();
-    }
-    decode::begin_after_previous_kernel();
+    start_copies(*this, p, full, np, released, kWarps, entry0, entry1);
   }
   // Block blk's run `lane` (page `page`) into the stage at `dst`; an arrival alone past the end.
   __device__ void issue(const DecodeParams& p, int blk, std::int32_t page, std::uint8_t* dst,
@@ -200,6 +209,57 @@ struct PageRunCopier {
     }
   }
 };
+
+// Pages of < 8 tokens (the bf16 TMA kernel's gather instantiation): one bulk copy a token, the
+// fragment and shared-tile kernels' copies (lanes 0..7 of each warp, decode::bulk_token), into
+// rows of kPitch bytes, completing on the stage's mbarrier (kBlockN arrivals); a token past the
+// tile's end is zero-filled, so P V reads zeros there (its flag byte lands in the row's padding,
+// unread: dense page tables only, whose mask is kv_end). PageRunCopier's interface, except that
+// every thread releases a stage (kThreads arrivals): the copier lanes of every warp write it.
+template <int kCkv, int kKpe, int kPitch>
+struct TokenCopier {
+  static_assert(kPitch > kCkv + kKpe, "the flag byte lands in the padding");
+  const DeviceTile& tile;
+  int tok;
+  bool copier;
+  __device__ TokenCopier(const DecodeParams&, const DeviceTile& t, int, int lane)
+      : tile(t), tok(decode::bulk_token()), copier(lane < 8) {}
+  __device__ std::int32_t entry(const DecodeParams& p, int blk) const {
+    return decode::token_entry_of<kBlockN>(p, tile.tile, tile.q_first, tile.kv_base, blk, tok);
+  }
+  // start_copies: full kBlockN arrivals (one a token), released kThreads.
+  __device__ void start(const DecodeParams& p, std::uint8_t* full, std::uint8_t* released,
+                        std::int32_t& entry0, std::int32_t& entry1) const {
+    start_copies(*this, p, full, kBlockN, released, kThreads, entry0, entry1);
+  }
+  __device__ void issue(const DecodeParams& p, int blk, std::int32_t entry, std::uint8_t* dst,
+                        void* bar) const {
+    std::uint8_t* row = dst + tok * kPitch;
+    decode::bulk_copy_token<kCkv, kKpe>(
+        p, decode::entry_slot_of<kBlockN>(p, tile.tile, blk, entry, tok), row, row + kCkv + kKpe,
+        bar);
+  }
+};
+
+// The top of block blk's iteration for either copier (two stages at `stages`, kStageBytes apart,
+// their full and released mbarriers): block blk + 1 goes into block blk - 1's stage once every
+// warp has released it (a stage mbarrier, not a CTA barrier: the other warps run on;
+// bench/NOTES.md v19), block blk + 2's entries are loaded, then every thread waits for block blk
+// to land.
+template <int kStageBytes, class Copier>
+__device__ __forceinline__ void next_block(const Copier& runs, const DecodeParams& p, int blk,
+                                           int n_blocks, std::int32_t& next_entry,
+                                           std::uint8_t* stages, std::uint8_t* full,
+                                           std::uint8_t* released) {
+  if (runs.copier && blk + 1 < n_blocks && blk >= 1)
+    mbar_wait(released + 8 * ((blk + 1) % 2), ((blk - 1) / 2) % 2);
+  if (runs.copier && blk + 1 < n_blocks) {
+    const int next = (blk + 1) % 2;
+    runs.issue(p, blk + 1, next_entry, stages + next * kStageBytes, full + 8 * next);
+    next_entry = runs.entry(p, blk + 2);
+  }
+  mbar_wait(full + 8 * (blk % 2), (blk / 2) % 2);  // block blk landed
+}
 
 // A thread's S entries: tokens tok0 = 16 (warp % 4) + g and tok0 + 8 of the block, P rows
 // pr = 8 wg + 2 tq and pr + 1, as (tok0, pr), (tok0, pr + 1), (tok0 + 8, pr), (tok0 + 8, pr + 1).
@@ -238,6 +298,20 @@ __device__ __forceinline__ void zero_rows_past(std::uint8_t* kv, int n_valid) {
   fence_proxy_async();  // before a later block's TMA copies into these bytes
 }
 
+// A thread's online-softmax state in the <= 16-row TMA kernels: the running maxima of its P rows
+// pr, pr + 1 and of its O rows g, g + 8 (the same values: each side computes them alike, so no
+// exchange), the P rows' running sums over its tokens only (summed over the warpgroup at the end,
+// reduce_row_sums), and its O fragments (fp8frag::write_row's mapping).
+struct RowState {
+  float max_p[2] = {-INFINITY, -INFINITY}, max_o[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.0f, 0.0f};
+  float o[8][4];
+  __device__ RowState() {
+#pragma unroll
+    for (int n = 0; n < 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  }
+};
+
 // p rounded to P's type (fp16 for the fp8 kernel's P V, bf16 for the bf16 kernel's): its bits,
 // and the value the tensor cores will multiply.
 template <class PT>
@@ -256,13 +330,13 @@ __device__ __forceinline__ std::uint16_t p_bits(float p, float& rounded) {
 // One block's online softmax for a thread's S entries `full`: scores full * sc (sc: the rows'
 // scales) masked past the tile's end (kv_end, tokens j0 + ..) and the causal limits, the rows'
 // block maxima over the warpgroup's four warps (red_max[row][4]), P rows pr, pr + 1 into p_s,
-// running sums of the rounded P, and O's rows g, g + 8 rescaled. Two CTA barriers.
+// and st updated: maxima, running sums of the rounded P, O's rows g, g + 8 rescaled. Two CTA
+// barriers.
 template <class PT>
 __device__ __forceinline__ void softmax_block(const float (&full)[4], const float (&sc)[2], int j0,
                                               int kv_end, const int (&limit_p)[2], int tok0, int pr,
                                               int g, int wr, float* red_max, std::uint16_t* p_s,
-                                              float (&max_p)[2], float (&max_o)[2],
-                                              float (&row_sum)[2], float (&o)[8][4]) {
+                                              RowState& st) {
   const int tok1 = tok0 + 8;
   float s[4];
 #pragma unroll
@@ -283,23 +357,23 @@ __device__ __forceinline__ void softmax_block(const float (&full)[4], const floa
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
     const int r = pr + k;
-    const float mx = block_max(red_max + r * 4, max_p[k]);
+    const float mx = block_max(red_max + r * 4, st.max_p[k]);
     const float base = mx == -INFINITY ? 0.0f : mx;  // rows with nothing visible yet
-    const float alpha = fast_exp2(max_p[k] - base);
-    max_p[k] = mx;
+    const float alpha = fast_exp2(st.max_p[k] - base);
+    st.max_p[k] = mx;
     float pa, pb;
     p_s[r * fp8frag::kPElems + tok0] = p_bits<PT>(fast_exp2(s[k] - base), pa);
     p_s[r * fp8frag::kPElems + tok1] = p_bits<PT>(fast_exp2(s[2 + k] - base), pb);
     // Sum what the tensor cores multiply (the rounded p), so o / l stays exact.
-    row_sum[k] = row_sum[k] * alpha + (pa + pb);
+    st.row_sum[k] = st.row_sum[k] * alpha + (pa + pb);
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const float mx = block_max(red_max + (g + 8 * h) * 4, max_o[h]);
+    const float mx = block_max(red_max + (g + 8 * h) * 4, st.max_o[h]);
     const float base = mx == -INFINITY ? 0.0f : mx;
-    const float alpha = fast_exp2(max_o[h] - base);
-    max_o[h] = mx;
-    fp8frag::rescale_rows(o, h, alpha);
+    const float alpha = fast_exp2(st.max_o[h] - base);
+    st.max_o[h] = mx;
+    fp8frag::rescale_rows(st.o, h, alpha);
   }
   __syncthreads();
 }
@@ -405,12 +479,7 @@ __global__ void __maxnreg__(decode::kMaxRegsTwoCtas)
                           decode::row_limit(p, t, pr + 1, kv_len, qo_len)};
   const float sc[2] = {reinterpret_cast<const float*>(smem + kScale)[pr],
                        reinterpret_cast<const float*>(smem + kScale)[pr + 1]};
-  // Running maxima: of the P rows pr, pr + 1 and of the O rows g, g + 8 (the same values).
-  float max_p[2] = {-INFINITY, -INFINITY}, max_o[2] = {-INFINITY, -INFINITY};
-  float row_sum[2] = {0.0f, 0.0f};  // rows pr, pr + 1, this thread's tokens only
-  float o[8][4];
-#pragma unroll
-  for (int n = 0; n < 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  RowState st;  // maxima, P rows' sums, O
 
   std::uint16_t* p_s = reinterpret_cast<std::uint16_t*>(smem + kP);
   float* red_max = reinterpret_cast<float*>(smem + kRed);
@@ -431,16 +500,8 @@ __global__ void __maxnreg__(decode::kMaxRegsTwoCtas)
 
   for (int blk = 0; blk < n_blocks; ++blk) {
     const int stage = blk % kStages;
-    // Block blk + 1 goes into block blk - 1's stage once every warp has released it (a stage
-    // mbarrier, not a CTA barrier: the other warps run on; bench/NOTES.md v19).
-    if (copier && blk + 1 < n_blocks && blk >= 1)
-      mbar_wait(smem + kEmpty + 8 * ((blk + 1) % kStages), ((blk - 1) / kStages) % 2);
-    if (copier && blk + 1 < n_blocks) {
-      const int next = (blk + 1) % kStages;
-      runs.issue(p, blk + 1, next_entry, smem + kKv + next * kStageBytes, smem + kBar + 8 * next);
-      next_entry = runs.entry(p, blk + 2);
-    }
-    mbar_wait(smem + kBar + 8 * stage, (blk / kStages) % 2);  // block blk landed
+    next_block<kStageBytes>(runs, p, blk, n_blocks, next_entry, smem + kKv, smem + kBar,
+                            smem + kEmpty);
     std::uint8_t* kv = smem + kKv + stage * kStageBytes;
 
     // ---- S^T = K Q^T: this warpgroup's 9 k-steps ----
@@ -476,8 +537,7 @@ __global__ void __maxnreg__(decode::kMaxRegsTwoCtas)
     if (n_valid < kBlockN) zero_rows_past<4>(kv, n_valid);
 
     // ---- scores, masks, block row max, online softmax: P rows pr, pr + 1; O rows g, g + 8 ----
-    softmax_block<__half>(full, sc, j0, t.kv_end, limit_p, tok0, pr, g, wr, red_max, p_s, max_p,
-                          max_o, row_sum, o);
+    softmax_block<__half>(full, sc, j0, t.kv_end, limit_p, tok0, pr, g, wr, red_max, p_s, st);
 
     // ---- O += P V: the warp's columns 64 warp + [0, 64); n-tile n, fragment column g is
     // column 64 warp + 8 g + n (the fragment kernel's mapping) ----
@@ -490,7 +550,7 @@ __global__ void __maxnreg__(decode::kMaxRegsTwoCtas)
       const uint2 v1 = *reinterpret_cast<const uint2*>(kv + v_odd + 2048 * kk);
       const uint2 v8 = *reinterpret_cast<const uint2*>(kv + v_even + 2048 * kk + 1024);
       const uint2 v9 = *reinterpret_cast<const uint2*>(kv + v_odd + 2048 * kk + 1024);
-      fp8frag::pv_step(o, a, v0, v1, v8, v9);
+      fp8frag::pv_step(st.o, a, v0, v1, v8, v9);
     }
     __syncwarp();  // the warp's reads of the stage are done: release it
     if (lane == 0) mbar_arrive(smem + kEmpty + 8 * stage);
@@ -498,13 +558,13 @@ __global__ void __maxnreg__(decode::kMaxRegsTwoCtas)
 
   // ---- epilogue: row sums over the warpgroup, then o / l and lse ----
   float* red_sum = reinterpret_cast<float*>(smem + kRed);
-  reduce_row_sums(row_sum, pr, g, wr, red_sum);
+  reduce_row_sums(st.row_sum, pr, g, wr, red_sum);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = g + 8 * h;
     if (r >= rows) continue;
-    const decode::RowEnd end = decode::finish_row(max_o[h], row_total(red_sum, r), p.out_scale);
-    fp8frag::write_row(p, t, tile, warp, tq, h, r, o, end);
+    const decode::RowEnd end = decode::finish_row(st.max_o[h], row_total(red_sum, r), p.out_scale);
+    fp8frag::write_row(p, t, tile, warp, tq, h, r, st.o, end);
   }
 }
 

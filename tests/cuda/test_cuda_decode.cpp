@@ -298,6 +298,10 @@ const GridCase kGrid[] = {
     {F8, 16, 2, 4, 1, 1, false, 0, 900, SP, 1.0f, 1.0f},
     {F8, 8, 4, 3, 1, 2, true, 1, 700, FU, 0.5f, 2.0f},
     {F8, 12, 1, 3, 1, 1, false, 1, 600, FU, 1e-3f, 1e3f},
+    // <= 16-row bf16 tiles on pages of < 8 tokens (the bf16 TMA kernel's gather instantiation):
+    // page sizes 2 and 4 besides the page-1 cases above, causal multi-token, lengths from 0
+    {BF, 8, 2, 3, 1, 3, true, 0, 700, FU, 1.0f, 1.0f},
+    {BF, 16, 4, 4, 1, 1, false, 1, 900, SP, 1.0f, 1.0f},
 };
 
 class CudaDecodeGrid : public ::testing::TestWithParam<GridCase> {};
@@ -398,8 +402,9 @@ TEST(CudaDecodeScores, LargeScoresStayAccurate) {
 // each block's maxima pass the earlier ones by several log2 units and every kernel's online
 // softmax moves its rows' base mid-sequence: P on the new base, O and the row sums rescaled. A
 // build whose moves after the first block skip O's rescale (in the <= 16-row TMA kernels) fails
-// here (bench/results/h200_v41_lazy_base_ab.txt). Page 1 runs the fp8 fragment and the bf16
-// shared-tile kernels, pages 16 and 64 the TMA kernels, 128 heads the 17-64-row kernel. The
+// here (bench/results/h200_v41_lazy_base_ab.txt). Page 1 runs the fp8 fragment kernel and the
+// bf16 TMA kernel's gather instantiation, pages 16 and 64 the TMA kernels, 128 heads the
+// 17-64-row kernels. The
 // plan does not split (a tile of one or two blocks would move its base only at its first).
 TEST(CudaDecodeScores, RisingScoresMoveTheSoftmaxBase) {
   SKIP_WITHOUT_GPU();
@@ -670,14 +675,15 @@ void capture_replan_replay_lengths(test::ProblemSpec s) {
 }
 
 // run() captured in a CUDA graph; replan() with new lengths; the replay matches the reference.
-// Three kernel families: the fp8 <= 16-row TMA kernel (16 heads, page 16), the bf16 seesaw
-// kernel (128 heads, page 64) and the fp8 warp-specialized kernel (128 heads, page 64).
+// Four kernel families: the fp8 <= 16-row TMA kernel (16 heads, page 16), the bf16 one's gather
+// instantiation (8 heads, page 1), the bf16 seesaw kernel (128 heads, page 64) and the fp8
+// warp-specialized kernel (128 heads, page 64).
 TEST(CudaGraph, CaptureReplanReplay) {
   SKIP_WITHOUT_GPU();
   const struct {
     KvFormat f;
     int heads, page_size;
-  } kinds[] = {{F8, 16, 16}, {BF, 128, 64}, {F8, 128, 64}};
+  } kinds[] = {{F8, 16, 16}, {BF, 8, 1}, {BF, 128, 64}, {F8, 128, 64}};
   for (const auto& k : kinds) {
     SCOPED_TRACE(std::string(format_name(k.f)) + ", heads " + std::to_string(k.heads) + ", page " +
                  std::to_string(k.page_size));
