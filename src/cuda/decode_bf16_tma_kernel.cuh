@@ -221,16 +221,7 @@ __global__ void __launch_bounds__(bf16tma::kThreads, 1)
         mma_16816<true>(st.o[2 * np2 + 1], a, b[2], b[3]);
       }
     }
-    // The warp's reads of the stage are done: release it. kGather: every thread arrives (the
-    // copier lanes of every warp write the stage; with lane 0 arriving for its warp after a
-    // __syncwarp, racecheck reports their writes against the other lanes' reads,
-    // bench/results/h200_v66_bf16_gather_ab.txt).
-    if constexpr (kGather) {
-      mbar_arrive(smem + L::kEmpty + 8 * stage);
-    } else {
-      __syncwarp();
-      if (lane == 0) mbar_arrive(smem + L::kEmpty + 8 * stage);
-    }
+    runs.release(smem + L::kEmpty + 8 * stage);  // the warp's reads of the stage are done
   }
 
   // ---- epilogue: row sums over the warpgroup, then o / l and lse ----

@@ -193,6 +193,12 @@ struct PageRunCopier {
                         std::int32_t& entry0, std::int32_t& entry1) const {
     start_copies(*this, p, full, np, released, kWarps, entry0, entry1);
   }
+  // A warp's reads of the stage whose `released` mbarrier this is are done: lane 0 arrives for
+  // the warp (one copier thread writes the stage).
+  __device__ void release(void* released) const {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(released);
+  }
   // Block blk's run `lane` (page `page`) into the stage at `dst`; an arrival alone past the end.
   __device__ void issue(const DecodeParams& p, int blk, std::int32_t page, std::uint8_t* dst,
                         void* bar) const {
@@ -232,6 +238,11 @@ struct TokenCopier {
                         std::int32_t& entry0, std::int32_t& entry1) const {
     start_copies(*this, p, full, kBlockN, released, kThreads, entry0, entry1);
   }
+  // A thread's reads of the stage whose `released` mbarrier this is are done. Every thread
+  // arrives: with lane 0 arriving for its warp after a __syncwarp (PageRunCopier::release),
+  // racecheck reports the copier lanes' writes against the other lanes' reads
+  // (bench/results/h200_v66_bf16_gather_ab.txt).
+  __device__ void release(void* released) const { mbar_arrive(released); }
   __device__ void issue(const DecodeParams& p, int blk, std::int32_t entry, std::uint8_t* dst,
                         void* bar) const {
     std::uint8_t* row = dst + tok * kPitch;
@@ -552,8 +563,7 @@ __global__ void __maxnreg__(decode::kMaxRegsTwoCtas)
       const uint2 v9 = *reinterpret_cast<const uint2*>(kv + v_odd + 2048 * kk + 1024);
       fp8frag::pv_step(st.o, a, v0, v1, v8, v9);
     }
-    __syncwarp();  // the warp's reads of the stage are done: release it
-    if (lane == 0) mbar_arrive(smem + kEmpty + 8 * stage);
+    runs.release(smem + kEmpty + 8 * stage);  // the warp's reads of the stage are done
   }
 
   // ---- epilogue: row sums over the warpgroup, then o / l and lse ----
