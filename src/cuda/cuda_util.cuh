@@ -64,6 +64,13 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// A barrier of kCount threads on hardware barrier kId that every warp reaches from one
+// instruction (bar.sync, aligned): ptxas then keeps the warps converged across it (barrier.sync
+// cost the bf16 gather kernel 9 registers and a spill, bench/NOTES.md v67).
+template <int kId, int kCount>
+__device__ __forceinline__ void bar_sync_aligned() {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kCount) : "memory");
+}
 
 // mbarriers and bulk copies (sm_90): the TMA engine copies contiguous global bytes (16-byte
 // aligned, a multiple of 16) into shared memory and counts them on an mbarrier, whose phase

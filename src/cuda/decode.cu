@@ -203,8 +203,8 @@ const std::array<std::array<KernelEntry, 3>, 3> kDecodeKernels = {{
 //     only 2% on it (v65). PlanOptions::exact_scores keeps the fp8 fragment kernel (fp16
 //     products, fp32 sums);
 //   * bf16 tiles of <= 16 rows on dense pages of < 8 tokens: the bf16 TMA kernel's gather
-//     instantiation (one bulk copy a token into padded rows, S's cache operand from registers;
-//     v66);
+//     instantiation (one bulk copy a token into padded rows, issued by four producer warps; S's
+//     cache operand from registers; v66, v67);
 //   * bf16 tiles of 17-64 rows on dense pages of >= 64 tokens (a 64-token block is one page's
 //     run: nine boxes): FlashMLA's schedule (decode_bf16_seesaw_kernel.cuh: two warpgroups,
 //     tensor-map panels refilled by the warpgroup that read them last; bench/NOTES.md v53-v56).
@@ -212,7 +212,7 @@ const KernelEntry kFp8TmaKernel{&mla_decode_fp8_tma_kernel, fp8tma::kSmemBytes};
 const KernelEntry kBf16TmaKernel{&mla_decode_bf16_tma_kernel<false>,
                                  bf16tma::Layout<false>::kSmemBytes};
 const KernelEntry kBf16GatherKernel{&mla_decode_bf16_tma_kernel<true>,
-                                    bf16tma::Layout<true>::kSmemBytes};
+                                    bf16tma::Layout<true>::kSmemBytes, bf16tma::kCtaThreads<true>};
 const KernelEntry kBf16SeesawKernel{&mla_decode_bf16_seesaw_kernel, seesaw::Layout::kSmemBytes,
                                     seesaw::kThreads};
 

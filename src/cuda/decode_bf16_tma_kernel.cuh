@@ -6,8 +6,8 @@
 //   * pages of >= 8 tokens: the TMA engine copies each page run of the block (min(page_size, 64)
 //     tokens) as nine 128-byte-swizzled slabs of 64 dims (ckv: slabs 0-7, kpe: slab 8): a 72 KB
 //     stage, two stages, one CTA per SM. Pages of < 8 tokens (kGather): one bulk copy a token
-//     into rows of 1168 bytes (a one-token box into the swizzled layout faults, v50), tokens past
-//     the tile zero-filled by the copier (v66);
+//     into rows of 1168 bytes (a one-token box into the swizzled layout faults, v50), issued by
+//     four producer warps (TokenProducer), tokens past the tile zero-filled (v66, v67);
 //   * S^T = K Q^T on bf16 wgmma (m64n16k16; K the stage's slabs, Q^T the q rows in the same
 //     layout; kGather: K loaded into registers by ldmatrix, which reads rows at any pitch):
 //     warpgroup w multiplies ckv dims 256w .. 256w + 255 and kpe k-steps 2w, 2w + 1, and the
@@ -95,6 +95,71 @@ __device__ __forceinline__ void s_product_rows(float (&d)[8], const std::uint8_t
         i > 0);
 }
 
+// kGather's copies: four producer warps beside the kThreads math threads, lanes 0-15 of producer
+// warp w copying tokens 16 w + lane of each block, one bulk copy a token (decode::bulk_copy_token)
+// into a kPitch-byte row; a token past the tile's end is zero-filled, so P V reads zeros there
+// (its flag byte lands in the row's padding, unread: dense page tables only, whose mask is
+// kv_end). ptxas issues a bulk copy once per active lane through the uniform datapath: issued by
+// the math warps (v66) that loop sat on their chain, one producer warp issued too slowly for the
+// copies (1.25x), two or four keep the copies at their rate alone (bench/NOTES.md v67). A stage
+// completes on its full mbarrier (kBlockN arrivals, one a token) and is released by every math
+// thread (kThreads arrivals: with lane 0 arriving for its warp after a __syncwarp, racecheck
+// reports the copies against the other lanes' reads, bench/results/h200_v66_bf16_gather_ab.txt).
+inline constexpr int kProducerWarps = 4;
+inline constexpr int kProducerLanes = kBlockN / kProducerWarps;
+static_assert(kProducerLanes <= 32, "a token a producer lane");
+template <bool kGather>
+inline constexpr int kCtaThreads = kThreads + (kGather ? 32 * kProducerWarps : 0);
+
+struct TokenProducer {
+  // The producer warps' whole work: the stages' mbarriers (two at `full`, two at `released`),
+  // blocks 0 and 1, the CTA barrier after which the math warps wait on the mbarriers (cta_sync),
+  // then block blk into stage blk % 2 once block blk - 2 is released. Page-table entries are
+  // loaded a block ahead of their copies. pwarp: the producer warp, 0..kProducerWarps - 1.
+  __device__ static void run(const DecodeParams& p, const DeviceTile& tile, int pwarp, int lane,
+                             int n_blocks, std::uint8_t* stages, std::uint8_t* full,
+                             std::uint8_t* released) {
+    const int tok = kProducerLanes * pwarp + lane;
+    const bool copier = lane < kProducerLanes;
+    std::int32_t e0 = copier ? entry(p, tile, 0, tok) : 0;
+    std::int32_t e1 = copier ? entry(p, tile, 1, tok) : 0;
+    if (pwarp == 0 && lane == 0) {
+      for (int s = 0; s < 2; ++s) mbar_init(full + 8 * s, kBlockN);
+      for (int s = 0; s < 2; ++s) mbar_init(released + 8 * s, kThreads);
+      fence_mbar_init();
+    }
+    bar_sync_aligned<2, 32 * kProducerWarps>();  // the mbarriers, before any producer uses them
+    decode::begin_after_previous_kernel();
+    const auto issue = [&](int blk) {
+      if (copier) {
+        const int stage = blk % 2;
+        std::uint8_t* row = stages + stage * Layout<true>::kStageBytes + tok * kPitch;
+        decode::bulk_copy_token<1024, 128>(
+            p, decode::entry_slot_of<kBlockN>(p, tile.tile, blk, e0, tok), row, row + 1024 + 128,
+            full + 8 * stage);
+        e0 = e1;
+        e1 = entry(p, tile, blk + 2, tok);
+      }
+    };
+    for (int blk = 0; blk < min(n_blocks, 2); ++blk) issue(blk);
+    cta_sync();
+    for (int blk = 2; blk < n_blocks; ++blk) {
+      mbar_wait(released + 8 * (blk % 2), (blk / 2 - 1) % 2);
+      issue(blk);
+    }
+  }
+  // The CTA's one barrier of all its warps (after the mbarriers' set-up and Q), reached from
+  // different instructions by the producer and the math warps.
+  __device__ static void cta_sync() { named_barrier_sync(0, kCtaThreads<true>); }
+  static_assert(kPitch > 1024 + 128, "the flag byte lands in the padding");
+
+ private:
+  __device__ static std::int32_t entry(const DecodeParams& p, const DeviceTile& tile, int blk,
+                                       int tok) {
+    return decode::token_entry_of<kBlockN>(p, tile.tile, tile.q_first, tile.kv_base, blk, tok);
+  }
+};
+
 // Byte offset of q row n (0..15), 8-dim chunk c (0..71) in the Q operand at kQ.
 template <int kQ>
 __device__ __forceinline__ int q_offset(int n, int c) {
@@ -106,7 +171,7 @@ __device__ __forceinline__ int q_offset(int n, int c) {
 // kGather = false: pages of >= 8 tokens, copied by tensor maps; true: pages of < 8 tokens, one
 // bulk copy a token into kPitch-byte rows, S's cache operand from registers (s_product_rows).
 template <bool kGather>
-__global__ void __launch_bounds__(bf16tma::kThreads, 1)
+__global__ void __launch_bounds__(bf16tma::kCtaThreads<kGather>, 1)
     mla_decode_bf16_tma_kernel(const __grid_constant__ DecodeParams p) {
   using namespace bf16tma;
   using L = Layout<kGather>;
@@ -124,15 +189,25 @@ __global__ void __launch_bounds__(bf16tma::kThreads, 1)
   const int kv_len = tile.kv_len;
   const int n_blocks = (t.kv_end - t.kv_begin + kBlockN - 1) / kBlockN;
 
-  // ---- copies: page runs as eight ckv slabs and a kpe slab (fp8tma::PageRunCopier), or tokens
-  // (fp8tma::TokenCopier) ----
-  const std::conditional_t<kGather, fp8tma::TokenCopier<1024, 128, kPitch>,
-                           fp8tma::PageRunCopier<8, 128>>
-      runs(p, tile, warp, lane);
-  const bool copier = runs.copier;
+  // ---- copies: page runs as eight ckv slabs and a kpe slab by the math warps
+  // (fp8tma::PageRunCopier), or tokens by the producer warps (kGather: TokenProducer), beside
+  // which the math warps' barriers are a named barrier of their own (kProducers) ----
+  constexpr bool kProducers = kGather;
+  if constexpr (kProducers) {
+    if (warp >= kWarps) {
+      TokenProducer::run(p, tile, warp - kWarps, lane, n_blocks, smem + L::kKv, smem + L::kBar,
+                         smem + L::kEmpty);
+      return;
+    }
+  }
+  fp8tma::PageRunCopier<8, 128> runs(p, tile, warp, lane);
+  const bool copier = !kProducers && runs.copier;
   std::int32_t entry0 = 0, next_entry = 0;
   static_assert(kStages == 2, "PageRunCopier::start sets up two stages");
-  runs.start(p, smem + L::kBar, smem + L::kEmpty, entry0, next_entry);
+  if constexpr (kProducers)
+    decode::begin_after_previous_kernel();
+  else
+    runs.start(p, smem + L::kBar, smem + L::kEmpty, entry0, next_entry);
 
   // ---- Q: 16 threads a row read it (4.5 16-byte chunks each) into the B operand ----
   {
@@ -146,8 +221,12 @@ __global__ void __launch_bounds__(bf16tma::kThreads, 1)
     }
     fence_proxy_async();  // the generic stores above, read by wgmma (async proxy)
   }
-  __syncthreads();
-  if (copier && n_blocks > 0) runs.issue(p, 0, entry0, smem + L::kKv, smem + L::kBar);
+  if constexpr (kProducers) {
+    TokenProducer::cta_sync();
+  } else {
+    __syncthreads();
+    if (copier && n_blocks > 0) runs.issue(p, 0, entry0, smem + L::kKv, smem + L::kBar);
+  }
 
   // This thread's S entries: tokens tok0, tok0 + 8 of the block, rows pr, pr + 1 (its P rows).
   const int tok0 = 16 * wr + g;
@@ -175,8 +254,11 @@ __global__ void __launch_bounds__(bf16tma::kThreads, 1)
 
   for (int blk = 0; blk < n_blocks; ++blk) {
     const int stage = blk % kStages;
-    fp8tma::next_block<L::kStageBytes>(runs, p, blk, n_blocks, next_entry, smem + L::kKv,
-                                       smem + L::kBar, smem + L::kEmpty);
+    if constexpr (kProducers)
+      mbar_wait(smem + L::kBar + 8 * stage, (blk / 2) % 2);  // block blk landed
+    else
+      fp8tma::next_block<L::kStageBytes>(runs, p, blk, n_blocks, next_entry, smem + L::kKv,
+                                         smem + L::kBar, smem + L::kEmpty);
     std::uint8_t* kv = smem + L::kKv + stage * L::kStageBytes;
 
     // ---- S^T = K Q^T: this warpgroup's 18 k-steps ----
@@ -194,14 +276,14 @@ __global__ void __launch_bounds__(bf16tma::kThreads, 1)
     // d[4 i + e]: rows 8 i + 2 tq (+ 1) of tokens tok0, tok0 + 8 (fp8tma::exchange_rows's order)
     const float rows0[4] = {d[0], d[1], d[2], d[3]}, rows1[4] = {d[4], d[5], d[6], d[7]};
     float full[4];
-    fp8tma::exchange_rows(rows0, rows1, wg, xch, full);
+    fp8tma::exchange_rows<kProducers>(rows0, rows1, wg, xch, full);
     const int j0 = t.kv_begin + blk * kBlockN;
     const int n_valid = min(kBlockN, t.kv_end - j0);
     if (!kGather && n_valid < kBlockN) fp8tma::zero_rows_past<8>(kv, n_valid);  // kGather: copier
 
     // ---- scores, masks, block row max, online softmax: P rows pr, pr + 1; O rows g, g + 8 ----
-    fp8tma::softmax_block<__nv_bfloat16>(full, sc, j0, t.kv_end, limit_p, tok0, pr, g, wr, red_max,
-                                         p_s, st);
+    fp8tma::softmax_block<__nv_bfloat16, kProducers>(full, sc, j0, t.kv_end, limit_p, tok0, pr, g,
+                                                     wr, red_max, p_s, st);
 
     // ---- O += P V: the warp's columns 64 warp + [0, 64), n-tile n = columns 8 n .. 8 n + 7 ----
     [[maybe_unused]] const std::uint8_t* v_slab = kv + warp * kSlab;
@@ -221,12 +303,16 @@ __global__ void __launch_bounds__(bf16tma::kThreads, 1)
         mma_16816<true>(st.o[2 * np2 + 1], a, b[2], b[3]);
       }
     }
-    runs.release(smem + L::kEmpty + 8 * stage);  // the warp's reads of the stage are done
+    // The warp's reads of the stage are done (kProducers: the thread's, TokenProducer's count).
+    if constexpr (kProducers)
+      mbar_arrive(smem + L::kEmpty + 8 * stage);
+    else
+      runs.release(smem + L::kEmpty + 8 * stage);
   }
 
   // ---- epilogue: row sums over the warpgroup, then o / l and lse ----
   float* red_sum = reinterpret_cast<float*>(smem + L::kRed);
-  fp8tma::reduce_row_sums(st.row_sum, pr, g, wr, red_sum);
+  fp8tma::reduce_row_sums<kProducers>(st.row_sum, pr, g, wr, red_sum);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = g + 8 * h;

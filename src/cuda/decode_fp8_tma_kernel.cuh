@@ -146,7 +146,7 @@ __device__ __forceinline__ float block_max(const float* red_row, float running) 
 }
 
 // ---- the block steps both TMA kernels share (this one and decode_bf16_tma_kernel.cuh) ----
-// A copier's start (PageRunCopier, TokenCopier), before the kernel reads anything the kernel
+// A copier's start (PageRunCopier), before the kernel reads anything the kernel
 // before it may write: the first two blocks' entries (copier lanes), the stages' mbarriers (full:
 // `full_arrivals`, released: `released_arrivals`), then decode::begin_after_previous_kernel.
 template <class Copier>
@@ -216,43 +216,7 @@ struct PageRunCopier {
   }
 };
 
-// Pages of < 8 tokens (the bf16 TMA kernel's gather instantiation): one bulk copy a token, the
-// fragment and shared-tile kernels' copies (lanes 0..7 of each warp, decode::bulk_token), into
-// rows of kPitch bytes, completing on the stage's mbarrier (kBlockN arrivals); a token past the
-// tile's end is zero-filled, so P V reads zeros there (its flag byte lands in the row's padding,
-// unread: dense page tables only, whose mask is kv_end). PageRunCopier's interface, except that
-// every thread releases a stage (kThreads arrivals): the copier lanes of every warp write it.
-template <int kCkv, int kKpe, int kPitch>
-struct TokenCopier {
-  static_assert(kPitch > kCkv + kKpe, "the flag byte lands in the padding");
-  const DeviceTile& tile;
-  int tok;
-  bool copier;
-  __device__ TokenCopier(const DecodeParams&, const DeviceTile& t, int, int lane)
-      : tile(t), tok(decode::bulk_token()), copier(lane < 8) {}
-  __device__ std::int32_t entry(const DecodeParams& p, int blk) const {
-    return decode::token_entry_of<kBlockN>(p, tile.tile, tile.q_first, tile.kv_base, blk, tok);
-  }
-  // start_copies: full kBlockN arrivals (one a token), released kThreads.
-  __device__ void start(const DecodeParams& p, std::uint8_t* full, std::uint8_t* released,
-                        std::int32_t& entry0, std::int32_t& entry1) const {
-    start_copies(*this, p, full, kBlockN, released, kThreads, entry0, entry1);
-  }
-  // A thread's reads of the stage whose `released` mbarrier this is are done. Every thread
-  // arrives: with lane 0 arriving for its warp after a __syncwarp (PageRunCopier::release),
-  // racecheck reports the copier lanes' writes against the other lanes' reads
-  // (bench/results/h200_v66_bf16_gather_ab.txt).
-  __device__ void release(void* released) const { mbar_arrive(released); }
-  __device__ void issue(const DecodeParams& p, int blk, std::int32_t entry, std::uint8_t* dst,
-                        void* bar) const {
-    std::uint8_t* row = dst + tok * kPitch;
-    decode::bulk_copy_token<kCkv, kKpe>(
-        p, decode::entry_slot_of<kBlockN>(p, tile.tile, blk, entry, tok), row, row + kCkv + kKpe,
-        bar);
-  }
-};
-
-// The top of block blk's iteration for either copier (two stages at `stages`, kStageBytes apart,
+// The top of block blk's iteration for a PageRunCopier (two stages at `stages`, kStageBytes apart,
 // their full and released mbarriers): block blk + 1 goes into block blk - 1's stage once every
 // warp has released it (a stage mbarrier, not a CTA barrier: the other warps run on;
 // bench/NOTES.md v19), block blk + 2's entries are loaded, then every thread waits for block blk
@@ -272,12 +236,23 @@ __device__ __forceinline__ void next_block(const Copier& runs, const DecodeParam
   mbar_wait(full + 8 * (blk % 2), (blk / 2) % 2);  // block blk landed
 }
 
+// The math warps' barrier: the CTA's, or (kProducer) named barrier 1 of the kThreads math
+// threads, which a producer warp beside them never joins.
+template <bool kProducer>
+__device__ __forceinline__ void math_sync() {
+  if constexpr (kProducer)
+    bar_sync_aligned<1, kThreads>();
+  else
+    __syncthreads();
+}
+
 // A thread's S entries: tokens tok0 = 16 (warp % 4) + g and tok0 + 8 of the block, P rows
 // pr = 8 wg + 2 tq and pr + 1, as (tok0, pr), (tok0, pr + 1), (tok0 + 8, pr), (tok0 + 8, pr + 1).
 
 // The two warpgroups' partial products summed: rows0 / rows1 are this thread's entries of rows
 // 2 tq (+ 1) and 8 + 2 tq (+ 1); warpgroup wg keeps rows 8 wg .. 8 wg + 7 and sends the others
-// through xch ([warpgroup][thread] float4). One CTA barrier.
+// through xch ([warpgroup][thread] float4). One math_sync.
+template <bool kProducer = false>
 __device__ __forceinline__ void exchange_rows(const float (&rows0)[4], const float (&rows1)[4],
                                               int wg, float4* xch, float (&full)[4]) {
   // Selects, not an index by wg: a register array indexed at run time would live in local memory.
@@ -288,7 +263,7 @@ __device__ __forceinline__ void exchange_rows(const float (&rows0)[4], const flo
     theirs[e] = wg == 0 ? rows1[e] : rows0[e];
   }
   xch[(1 - wg) * 128 + threadIdx.x % 128] = make_float4(theirs[0], theirs[1], theirs[2], theirs[3]);
-  __syncthreads();
+  math_sync<kProducer>();
   const float4 recv = xch[wg * 128 + threadIdx.x % 128];
   full[0] = mine[0] + recv.x;
   full[1] = mine[1] + recv.y;
@@ -341,9 +316,9 @@ __device__ __forceinline__ std::uint16_t p_bits(float p, float& rounded) {
 // One block's online softmax for a thread's S entries `full`: scores full * sc (sc: the rows'
 // scales) masked past the tile's end (kv_end, tokens j0 + ..) and the causal limits, the rows'
 // block maxima over the warpgroup's four warps (red_max[row][4]), P rows pr, pr + 1 into p_s,
-// and st updated: maxima, running sums of the rounded P, O's rows g, g + 8 rescaled. Two CTA
-// barriers.
-template <class PT>
+// and st updated: maxima, running sums of the rounded P, O's rows g, g + 8 rescaled. Two
+// math_syncs.
+template <class PT, bool kProducer = false>
 __device__ __forceinline__ void softmax_block(const float (&full)[4], const float (&sc)[2], int j0,
                                               int kv_end, const int (&limit_p)[2], int tok0, int pr,
                                               int g, int wr, float* red_max, std::uint16_t* p_s,
@@ -364,7 +339,7 @@ __device__ __forceinline__ void softmax_block(const float (&full)[4], const floa
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
     if (g == 0) red_max[(pr + k) * 4 + wr] = mx;
   }
-  __syncthreads();
+  math_sync<kProducer>();
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
     const int r = pr + k;
@@ -386,14 +361,15 @@ __device__ __forceinline__ void softmax_block(const float (&full)[4], const floa
     st.max_o[h] = mx;
     fp8frag::rescale_rows(st.o, h, alpha);
   }
-  __syncthreads();
+  math_sync<kProducer>();
 }
 
 // The P rows' sums over the warpgroup into red_sum[row][4] (red_max's memory: a barrier first),
 // then a barrier; row_total adds a row's four.
+template <bool kProducer = false>
 __device__ __forceinline__ void reduce_row_sums(const float (&row_sum)[2], int pr, int g, int wr,
                                                 float* red_sum) {
-  __syncthreads();  // red_max (same memory) is no longer read
+  math_sync<kProducer>();  // red_max (same memory) is no longer read
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
     float sum = row_sum[k];
@@ -402,7 +378,7 @@ __device__ __forceinline__ void reduce_row_sums(const float (&row_sum)[2], int p
     sum += __shfl_xor_sync(0xffffffffu, sum, 16);
     if (g == 0) red_sum[(pr + k) * 4 + wr] = sum;
   }
-  __syncthreads();
+  math_sync<kProducer>();
 }
 __device__ __forceinline__ float row_total(const float* red_sum, int r) {
   const float4 l4 = *reinterpret_cast<const float4*>(red_sum + r * 4);
