@@ -123,11 +123,7 @@ struct TokenProducer {
     const bool copier = lane < kProducerLanes;
     std::int32_t e0 = copier ? entry(p, tile, 0, tok) : 0;
     std::int32_t e1 = copier ? entry(p, tile, 1, tok) : 0;
-    if (pwarp == 0 && lane == 0) {
-      for (int s = 0; s < 2; ++s) mbar_init(full + 8 * s, kBlockN);
-      for (int s = 0; s < 2; ++s) mbar_init(released + 8 * s, kThreads);
-      fence_mbar_init();
-    }
+    if (pwarp == 0 && lane == 0) fp8tma::init_stage_barriers(full, kBlockN, released, kThreads);
     bar_sync_aligned<2, 32 * kProducerWarps>();  // the mbarriers, before any producer uses them
     decode::begin_after_previous_kernel();
     const auto issue = [&](int blk) {

@@ -146,24 +146,15 @@ __device__ __forceinline__ float block_max(const float* red_row, float running) 
 }
 
 // ---- the block steps both TMA kernels share (this one and decode_bf16_tma_kernel.cuh) ----
-// A copier's start (PageRunCopier), before the kernel reads anything the kernel
-// before it may write: the first two blocks' entries (copier lanes), the stages' mbarriers (full:
-// `full_arrivals`, released: `released_arrivals`), then decode::begin_after_previous_kernel.
-template <class Copier>
-__device__ __forceinline__ void start_copies(const Copier& c, const DecodeParams& p,
-                                             std::uint8_t* full, unsigned full_arrivals,
-                                             std::uint8_t* released, unsigned released_arrivals,
-                                             std::int32_t& entry0, std::int32_t& entry1) {
-  if (c.copier) {
-    entry0 = c.entry(p, 0);
-    entry1 = c.entry(p, 1);
-  }
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < 2; ++s) mbar_init(full + 8 * s, full_arrivals);
-    for (int s = 0; s < 2; ++s) mbar_init(released + 8 * s, released_arrivals);
-    fence_mbar_init();
-  }
-  decode::begin_after_previous_kernel();
+// The two stages' mbarriers, `full` (full_arrivals a phase) and `released` (released_arrivals),
+// made visible to the TMA engine; one thread sets them up, before a barrier shows them to the
+// others.
+__device__ __forceinline__ void init_stage_barriers(std::uint8_t* full, unsigned full_arrivals,
+                                                    std::uint8_t* released,
+                                                    unsigned released_arrivals) {
+  for (int s = 0; s < 2; ++s) mbar_init(full + 8 * s, full_arrivals);
+  for (int s = 0; s < 2; ++s) mbar_init(released + 8 * s, released_arrivals);
+  fence_mbar_init();
 }
 
 // The copies: lane i of warp 0 copies page run i of a block (np runs of run = min(page_size, 64)
@@ -188,10 +179,17 @@ struct PageRunCopier {
     const int j = first(blk);
     return j < kv_end ? p.kv_indices[kv_base + (j >> p.page_shift)] : 0;
   }
-  // start_copies: full np arrivals (one a page run), released kWarps (lane 0 of each warp).
+  // Before the kernel reads anything the kernel before it may write: the first two blocks'
+  // entries (copier lanes), the stages' mbarriers (full: np arrivals, one a page run; released:
+  // kWarps, lane 0 of each warp), then decode::begin_after_previous_kernel.
   __device__ void start(const DecodeParams& p, std::uint8_t* full, std::uint8_t* released,
                         std::int32_t& entry0, std::int32_t& entry1) const {
-    start_copies(*this, p, full, np, released, kWarps, entry0, entry1);
+    if (copier) {
+      entry0 = entry(p, 0);
+      entry1 = entry(p, 1);
+    }
+    if (threadIdx.x == 0) init_stage_barriers(full, np, released, kWarps);
+    decode::begin_after_previous_kernel();
   }
   // A warp's reads of the stage whose `released` mbarrier this is are done: lane 0 arrives for
   // the warp (one copier thread writes the stage).
