@@ -251,7 +251,7 @@ __global__ void __launch_bounds__(bf16tma::kCtaThreads<kGather>, 1)
   for (int blk = 0; blk < n_blocks; ++blk) {
     const int stage = blk % kStages;
     if constexpr (kProducers)
-      mbar_wait(smem + L::kBar + 8 * stage, (blk / 2) % 2);  // block blk landed
+      mbar_wait(smem + L::kBar + 8 * stage, (blk / kStages) % 2);  // block blk landed
     else
       fp8tma::next_block<L::kStageBytes>(runs, p, blk, n_blocks, next_entry, smem + L::kKv,
                                          smem + L::kBar, smem + L::kEmpty);
