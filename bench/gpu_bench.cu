@@ -16,6 +16,7 @@
 
 #include "bench/baselines/baselines_cuda.h"
 #include "bench/gpu_bench.h"
+#include "bench/gpu_bench_util.cuh"
 #include "fp8mla/attention.h"
 #include "src/core/backend.h"
 #include "src/core/check.h"
@@ -38,123 +39,10 @@ struct CaseResult {
   double check = -1;  // rel L2 of native vs the gather-then-cast output (same inputs)
 };
 
-// Median over `reps` replays of a graph holding `calls` calls; microseconds per call.
-double time_graph(cudaStream_t s, cudaGraphExec_t exec, int calls, int reps) {
-  cudaEvent_t a, b;
-  FP8MLA_CUDA_CHECK(cudaEventCreate(&a));
-  FP8MLA_CUDA_CHECK(cudaEventCreate(&b));
-  FP8MLA_CUDA_CHECK(cudaGraphLaunch(exec, s));  // warm-up
-  std::vector<float> t;
-  for (int i = 0; i < reps; ++i) {
-    FP8MLA_CUDA_CHECK(cudaEventRecord(a, s));
-    FP8MLA_CUDA_CHECK(cudaGraphLaunch(exec, s));
-    FP8MLA_CUDA_CHECK(cudaEventRecord(b, s));
-    FP8MLA_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    FP8MLA_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  std::nth_element(t.begin(), t.begin() + reps / 2, t.end());
-  FP8MLA_CUDA_CHECK(cudaEventDestroy(a));
-  FP8MLA_CUDA_CHECK(cudaEventDestroy(b));
-  return 1e3 * t[reps / 2] / calls;
-}
-
-template <class Body>
-double time_captured(cudaStream_t s, int calls, int reps, Body&& body) {
-  cudaGraph_t g;
-  cudaGraphExec_t exec;
-  FP8MLA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  body();
-  FP8MLA_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-  FP8MLA_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
-  const double us = time_graph(s, exec, calls, reps);
-  FP8MLA_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  FP8MLA_CUDA_CHECK(cudaGraphDestroy(g));
-  return us;
-}
-
-__global__ void read_kernel(const uint4* p, std::size_t n, std::uint32_t* sink) {
-  std::uint32_t acc = 0;
-  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-    const uint4 v = __ldcs(p + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x9e3779b9u) *sink = acc;  // keeps the loads alive
-}
-
-__global__ void copy_kernel(const uint4* src, uint4* dst, std::size_t n) {
-  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
-    __stcs(dst + i, __ldcs(src + i));
-}
-
-__device__ std::uint32_t hash32(std::uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ull;
-  x ^= x >> 33;
-  return static_cast<std::uint32_t>(x);
-}
-
-// Random but well-formed tokens: fp8 codes of magnitude 2^-4..2^3 (no NaN), bf16 values in
-// (-2, 2), block scales 2^-2..2^1.
-__global__ void fill_kernel(std::uint8_t* pool, std::int64_t tokens, int format,
-                            std::uint64_t seed) {
-  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int tb = format == 0 ? 1152 : format == 1 ? 576 : 656;
-  if (i >= tokens * tb / 4) return;
-  const std::int64_t byte = 4 * i, in_tok = byte % tb;
-  const std::uint32_t h = hash32(seed * 0x9e3779b97f4a7c15ull + static_cast<std::uint64_t>(i));
-  std::uint32_t w = 0;
-  const auto bf16 = [&](std::uint32_t r) {
-    const float f = (static_cast<float>(r & 0xffff) / 65536.0f - 0.5f) * 4.0f;
-    return static_cast<std::uint32_t>(__float_as_uint(f) >> 16);
-  };
-  const auto code = [](std::uint32_t r) { return (r & 0x80) | (0x18 + (r % 0x38)); };
-  if (format == 0 || (format == 2 && in_tok >= 528)) {
-    w = bf16(h) | (bf16(h >> 16) << 16);
-  } else if (format == 2 && in_tok >= 512) {
-    w = __float_as_uint(exp2f(static_cast<float>(static_cast<int>(h % 4) - 2)));
-  } else {
-    for (int k = 0; k < 4; ++k) w |= code(h >> (8 * k)) << (8 * k);
-  }
-  reinterpret_cast<std::uint32_t*>(pool)[i] = w;
-}
-
-__global__ void fill_bf16(std::uint16_t* p, std::int64_t n, std::uint64_t seed) {
-  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  const float f = (static_cast<float>(hash32(seed + i) & 0xffff) / 65536.0f - 0.5f) * 4.0f;
-  p[i] = static_cast<std::uint16_t>(__float_as_uint(f) >> 16);
-}
-
 Ceilings measure_ceilings(cudaStream_t s, std::uint8_t* big, std::size_t big_bytes) {
   Ceilings c;
-  const std::size_t half = std::min<std::size_t>(big_bytes / 2, std::size_t{4} << 30);
-  int sms = 0;
-  FP8MLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  // A copy kernel, not cudaMemcpyAsync: captured in a graph, the latter may run on a copy
-  // engine, which is slower than the SMs and not what a kernel can reach.
-  c.copy_gbs = 2.0 * half /
-               (time_captured(s, 1, 10,
-                              [&] {
-                                copy_kernel<<<sms * 8, 512, 0, s>>>(
-                                    reinterpret_cast<const uint4*>(big),
-                                    reinterpret_cast<uint4*>(big + half), half / 16);
-                              }) *
-                1e3);
-  std::uint32_t* sink = reinterpret_cast<std::uint32_t*>(big + big_bytes - 64);
-  const std::size_t n = (std::size_t{8} << 30) / 16 < (big_bytes - 64) / 16
-                            ? (std::size_t{8} << 30) / 16
-                            : (big_bytes - 64) / 16;
-  c.read_gbs = 16.0 * n /
-               (time_captured(s, 1, 10,
-                              [&] {
-                                read_kernel<<<sms * 8, 512, 0, s>>>(
-                                    reinterpret_cast<const uint4*>(big), n, sink);
-                              }) *
-                1e3);
+  c.copy_gbs = measure_copy_gbs(s, big, big_bytes);
+  c.read_gbs = measure_read_gbs(s, big, big_bytes);
   // bf16 matmul ceiling through cuBLAS, loaded at run time (absent: not measured).
   void* lib = dlopen("libcublas.so.13", RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) lib = dlopen("libcublas.so", RTLD_NOW | RTLD_LOCAL);
@@ -172,8 +60,8 @@ Ceilings measure_ceilings(cudaStream_t s, std::uint8_t* big, std::size_t big_byt
     if (create && set_stream && gemm && destroy && create(&h) == CUBLAS_STATUS_SUCCESS) {
       const int m = 8192;
       const std::size_t mat = std::size_t{2} * m * m;
-      fill_bf16<<<static_cast<unsigned>((3 * mat / 2 + 255) / 256), 256, 0, s>>>(
-          reinterpret_cast<std::uint16_t*>(big), static_cast<std::int64_t>(3 * mat / 2), 7);
+      fill_bf16(s, reinterpret_cast<std::uint16_t*>(big), static_cast<std::int64_t>(3 * mat / 2),
+                7);
       set_stream(h, s);
       const float one = 1.0f, zero = 0.0f;
       bool ok = true;
@@ -201,23 +89,6 @@ struct CaseRunner {
   bool quick;
   int min_chunk_tokens;  // 0: the planner's default
   bool exact_scores;
-
-  KvCacheView view(std::uint8_t* base, KvFormat f, std::int64_t pages, int ps) const {
-    KvCacheView v;
-    v.format = f;
-    const std::int64_t tb = token_bytes(f);
-    if (f == KvFormat::fp8_e4m3_block) {
-      v.ckv =
-          make_strided_view(base, DType::u8, {pages, ps, tb}, {ps * tb, tb, 1}, DeviceKind::cuda);
-      return v;
-    }
-    const DType dt = f == KvFormat::bf16 ? DType::bf16 : DType::fp8_e4m3;
-    const std::int64_t e = f == KvFormat::bf16 ? 2 : 1, t = tb / e;
-    v.ckv = make_strided_view(base, dt, {pages, ps, 512}, {ps * t, t, 1}, DeviceKind::cuda);
-    v.kpe =
-        make_strided_view(base + 512 * e, dt, {pages, ps, 64}, {ps * t, t, 1}, DeviceKind::cuda);
-    return v;
-  }
 
   std::vector<CaseResult> run(int bs, int heads, int ctx, int ps, KvFormat f) {
     const std::int64_t tb = token_bytes(f);
@@ -268,8 +139,7 @@ struct CaseRunner {
     const std::size_t bf16_bytes =
         static_cast<std::size_t>(reinterpret_cast<std::uint8_t*>(lse) - scratch) &
         ~std::size_t{255};
-    fill_bf16<<<static_cast<unsigned>((q_elems + 255) / 256), 256, 0, s>>>(q, q_elems, 3);
-    FP8MLA_CUDA_CHECK_LAUNCH("fill_bf16");
+    fill_bf16(s, q, q_elems, 3);
     RunArgs args;
     args.q_nope = make_strided_view(q, DType::bf16, {bs, heads, 512}, {heads * 576, 576, 1},
                                     DeviceKind::cuda);
@@ -277,7 +147,7 @@ struct CaseRunner {
                                   DeviceKind::cuda);
     args.out = make_view(out, DType::bf16, {bs, heads, 512}, DeviceKind::cuda);
     args.lse = make_view(lse, DType::f32, {bs, heads}, DeviceKind::cuda);
-    args.kv = view(pool, f, pool_pages, ps);
+    args.kv = cache_view(pool, f, pool_pages, ps);
     args.stream = s;
 
     const std::int64_t active = static_cast<std::int64_t>(bs) * ctx;
@@ -303,8 +173,8 @@ struct CaseRunner {
     const std::int64_t cast_pages = std::min<std::int64_t>(
         pool_pages, std::max<std::int64_t>(per_call, (495040 + ps - 1) / ps));
     if (static_cast<std::size_t>(cast_pages * ps * 1152) > bf16_bytes) return results;
-    KvCacheView src = view(pool, f, cast_pages, ps);
-    KvCacheView dst = view(bf16_area, KvFormat::bf16, cast_pages, ps);
+    KvCacheView src = cache_view(pool, f, cast_pages, ps);
+    KvCacheView dst = cache_view(bf16_area, KvFormat::bf16, cast_pages, ps);
     Plan cast_plan = make_plan(indices[0], KvFormat::bf16, cast_pages);
     RunArgs bargs = args;
     bargs.kv = dst;
@@ -318,11 +188,11 @@ struct CaseRunner {
     Plan gather_plan = make_plan(identity, KvFormat::bf16, per_call);
     auto* d_pages = static_cast<std::int32_t*>(detail::cuda_malloc(per_call * 4, 0));
     detail::cuda_copy_to_device(d_pages, indices[0].data(), static_cast<std::size_t>(per_call) * 4);
-    KvCacheView gdst = view(bf16_area, KvFormat::bf16, per_call, ps);
+    KvCacheView gdst = cache_view(bf16_area, KvFormat::bf16, per_call, ps);
     bargs.kv = gdst;
     record("gather_cast", time_captured(s, 1, reps, [&] {
-             baselines::cuda_gather_cast_to_bf16(view(pool, f, pool_pages, ps), d_pages, per_call,
-                                                 gdst, s);
+             baselines::cuda_gather_cast_to_bf16(cache_view(pool, f, pool_pages, ps), d_pages,
+                                                 per_call, gdst, s);
              fp8mla::run(gather_plan, bargs);
            }));
     detail::cuda_free(d_pages);
@@ -428,10 +298,7 @@ int run_gpu_bench(const GpuBenchOptions& o) {
   for (KvFormat f : fmts) {
     const std::int64_t tokens = static_cast<std::int64_t>(pool_bytes / token_bytes(f));
     if (!any || filled != f) {
-      const std::int64_t words = tokens * token_bytes(f) / 4;
-      fill_kernel<<<static_cast<unsigned>((words + 255) / 256), 256, 0, s>>>(
-          pool, tokens, static_cast<int>(f), 12345);
-      FP8MLA_CUDA_CHECK_LAUNCH("fill_kernel");
+      fill_pool(s, pool, tokens, f, 12345);
       filled = f;
       any = true;
     }

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "fp8mla/context_parallel.h"
 #include "fp8mla/format.h"
 
 namespace fp8mla::bench {
@@ -25,5 +26,24 @@ struct GpuBenchOptions {
 // Runs the benchmark and prints a table. Returns 0, or throws fp8mla::Error (unsupported
 // without CUDA or without a device).
 int run_gpu_bench(const GpuBenchOptions& options);
+
+// `fp8mla bench --cp N`: one rank of the context-parallel latency benchmark (bench/cp_bench.cu;
+// the command starts one process a GPU and hands each its rank and the group's NCCL id).
+struct CpBenchOptions {
+  int rank = 0, world = 1;
+  NcclId id;
+  bool quick = false;
+  std::vector<int> heads;       // empty = {8}
+  std::vector<int> contexts;    // empty = 131072, 262144, 524288, 1048576 (quick: 131072, 1048576)
+  std::vector<int> page_sizes;  // empty = {64}
+  std::vector<KvFormat> formats;  // empty = {fp8_e4m3}
+  std::string json_path;          // rank 0 writes the results here when not empty
+  bool progress = true;           // rank 0 shows progress on stderr
+};
+
+// Runs this rank's part; rank 0 prints the table. Returns 0, or 1 when a merged result missed
+// the one-GPU result's tolerance. Throws fp8mla::Error (unsupported without CUDA, NCCL or
+// enough devices).
+int run_cp_bench(const CpBenchOptions& options);
 
 }  // namespace fp8mla::bench

@@ -1,4 +1,4 @@
-// `fp8mla bench`'s GPU grid in a build without CUDA: it cannot run, so it says why.
+// `fp8mla bench`'s GPU parts in a build without CUDA: they cannot run, so they say why.
 #include "bench/gpu_bench.h"
 #include "fp8mla/error.h"
 
@@ -8,6 +8,12 @@ int run_gpu_bench(const GpuBenchOptions&) {
   throw Error(ErrorCode::unsupported, "bench",
               "the GPU benchmark needs a build with CUDA (configure with -DFP8MLA_CUDA=ON) and a "
               "CUDA device");
+}
+
+int run_cp_bench(const CpBenchOptions&) {
+  throw Error(ErrorCode::unsupported, "--cp",
+              "context parallelism needs a build with CUDA (configure with -DFP8MLA_CUDA=ON) and "
+              "CUDA devices");
 }
 
 }  // namespace fp8mla::bench

@@ -6,6 +6,7 @@ set -uo pipefail
 out=${OUT:-/tmp/fp8mla-out}
 mkdir -p "$out"
 export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
+. bench/nccl_env.sh  # the context-parallel tests' world 1 (one GPU)
 t=build-cuda/tests/fp8mla_tests
 small='Grid/CudaDecodeGrid.MatchesReference/*_25:Grid/CudaDecodeGrid.MatchesReference/*_26:Grid/CudaDecodeGrid.MatchesReference/*_28:Grid/CudaDecodeGrid.MatchesReference/*_24:Grid/CudaDecodeGrid.MatchesReference/*_9:Grid/CudaDecodeGrid.MatchesReference/*_23:Grid/CudaDecodeGrid.MatchesReference/*_0:Grid/CudaDecodeGrid.MatchesReference/*_1:Grid/CudaDecodeGrid.MatchesReference/*_19:CudaDecodeFp16*:Grid/CudaDecodeGrid.MatchesReference/*_10:Grid/CudaDecodeGrid.MatchesReference/*_30:Grid/CudaDecodeGrid.MatchesReference/*_33:CudaDecodeSparse.RunTime*:CudaMerge*:CudaCache*'
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; $t --gtest_filter='*Cuda*' --gtest_brief=1; } \

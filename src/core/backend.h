@@ -32,6 +32,7 @@ void cuda_free(void* ptr) noexcept;
 void cuda_copy_to_host(void* dst, const void* src, std::size_t bytes);    // synchronous
 void cuda_copy_to_device(void* dst, const void* src, std::size_t bytes);  // synchronous
 void cuda_synchronize(int device_id);  // waits for all work on the device
+void cuda_set_device(int device_id);   // the calling thread's current device
 // Uploads the plan's arrays into plan.cuda (allocating it, or reusing it in graph mode).
 void cuda_upload_plan(PlanState& plan);
 void cuda_run(PlanState& plan, const RunArgs& args);

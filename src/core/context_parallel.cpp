@@ -1,11 +1,20 @@
+// Context parallelism: shard_context(), and the NCCL exchange around run() and merge_states()
+// (include/fp8mla/context_parallel.h).
 #include "fp8mla/context_parallel.h"
 
 #include <algorithm>
+#include <cstring>
+#include <utility>
 
+#include "src/core/backend.h"
 #include "src/core/check.h"
+#include "src/core/nccl.h"
 
 namespace fp8mla {
 
+using detail::check_tensor;
+using detail::nccl;
+using detail::nccl_check;
 using detail::require;
 
 void shard_context(const Problem& full, int rank, int world, ContextShard& shard) {
@@ -45,6 +54,177 @@ void shard_context(const Problem& full, int rank, int world, ContextShard& shard
   shard.problem.kv_indptr = shard.kv_indptr;
   shard.problem.kv_indices = shard.kv_indices;
   shard.problem.kv_len = shard.kv_len;
+}
+
+// ---- NcclComm ----
+
+NcclId nccl_unique_id() {
+  detail::NcclUniqueIdAbi raw{};
+  nccl_check(nccl().get_unique_id(&raw), "ncclGetUniqueId");
+  NcclId id;
+  std::memcpy(id.bytes.data(), raw.internal, sizeof raw.internal);
+  return id;
+}
+
+NcclComm::NcclComm(const NcclId& id, int rank, int world, int device_id)
+    : rank_(rank), world_(world), device_id_(device_id), owned_(true) {
+  require(world >= 1, "world", "must be >= 1, got ", world);
+  require(rank >= 0 && rank < world, "rank", rank, " is outside [0, ", world, ")");
+  detail::cuda_set_device(device_id);
+  const detail::NcclApi& api = nccl();
+  detail::NcclUniqueIdAbi raw{};
+  std::memcpy(raw.internal, id.bytes.data(), sizeof raw.internal);
+  nccl_check(api.comm_init_rank(&comm_, world, raw, rank), "ncclCommInitRank");
+}
+
+NcclComm NcclComm::borrow(void* nccl_comm, int device_id) {
+  require(nccl_comm != nullptr, "nccl_comm", "is null");
+  const detail::NcclApi& api = nccl();
+  NcclComm c;
+  c.comm_ = nccl_comm;
+  c.device_id_ = device_id;
+  nccl_check(api.comm_count(nccl_comm, &c.world_), "ncclCommCount");
+  nccl_check(api.comm_user_rank(nccl_comm, &c.rank_), "ncclCommUserRank");
+  return c;
+}
+
+NcclComm::~NcclComm() {
+  if (owned_ && comm_ != nullptr) (void)nccl().comm_destroy(comm_);
+}
+
+NcclComm::NcclComm(NcclComm&& o) noexcept
+    : comm_(std::exchange(o.comm_, nullptr)),
+      rank_(o.rank_),
+      world_(o.world_),
+      device_id_(o.device_id_),
+      owned_(o.owned_) {}
+
+NcclComm& NcclComm::operator=(NcclComm&& o) noexcept {
+  std::swap(comm_, o.comm_);
+  std::swap(rank_, o.rank_);
+  std::swap(world_, o.world_);
+  std::swap(device_id_, o.device_id_);
+  std::swap(owned_, o.owned_);
+  return *this;
+}
+
+// ---- ContextParallelPlan ----
+
+namespace {
+struct DeviceMemory {
+  void* ptr = nullptr;
+  DeviceMemory() = default;
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+  ~DeviceMemory() { detail::cuda_free(ptr); }
+};
+}  // namespace
+
+struct ContextParallelPlan::State {
+  const NcclComm* comm = nullptr;
+  ContextShard shard;
+  Plan local;
+  std::vector<std::int32_t> qo_indptr;  // the batch's, fixed for graph-mode replans
+  std::int64_t rows = 0;                // total_q x H
+  DeviceMemory out, lse;                // [world, rows, 512] bf16, [world, rows] f32
+};
+
+ContextParallelPlan::ContextParallelPlan() = default;
+ContextParallelPlan::~ContextParallelPlan() = default;
+ContextParallelPlan::ContextParallelPlan(ContextParallelPlan&&) noexcept = default;
+ContextParallelPlan& ContextParallelPlan::operator=(ContextParallelPlan&&) noexcept = default;
+
+ContextParallelPlan::State& ContextParallelPlan::state() const {
+  require(state_ != nullptr, "plan", "is empty (default-constructed or moved from)");
+  return *state_;
+}
+const Plan& ContextParallelPlan::local() const {
+  return state().local;
+}
+const ContextShard& ContextParallelPlan::shard() const {
+  return state().shard;
+}
+const NcclComm& ContextParallelPlan::comm() const {
+  return *state().comm;
+}
+
+ContextParallelPlan plan_context_parallel(const Problem& full, const NcclComm& comm,
+                                          const PlanOptions& options) {
+  require(full.device == DeviceKind::cuda, "problem.device",
+          "context parallelism exchanges over NCCL: expected cuda, got ", device_name(full.device));
+  require(full.device_id == comm.device_id(), "problem.device_id", full.device_id,
+          " is not the communicator's device ", comm.device_id());
+  ContextParallelPlan cp;
+  cp.state_ = std::make_unique<ContextParallelPlan::State>();
+  ContextParallelPlan::State& s = *cp.state_;
+  s.comm = &comm;
+  shard_context(full, comm.rank(), comm.world(), s.shard);
+  s.local = plan(s.shard.problem, options);
+  s.qo_indptr = s.shard.qo_indptr;
+  s.rows = std::int64_t{s.local.total_q()} * s.local.num_heads();
+  const auto bytes = static_cast<std::size_t>(comm.world() * s.rows);
+  s.out.ptr = detail::cuda_malloc(bytes * kDimCkv * 2, comm.device_id());
+  s.lse.ptr = detail::cuda_malloc(bytes * 4, comm.device_id());
+  return cp;
+}
+
+void replan_context_parallel(ContextParallelPlan& plan, const Problem& full) {
+  ContextParallelPlan::State& s = plan.state();
+  require(std::equal(full.qo_indptr.begin(), full.qo_indptr.end(), s.qo_indptr.begin(),
+                     s.qo_indptr.end()),
+          "problem.qo_indptr",
+          "must equal the planned batch's (the all-gather's size is fixed at capture)");
+  shard_context(full, s.comm->rank(), s.comm->world(), s.shard);
+  replan(s.local, s.shard.problem);
+}
+
+void run_context_parallel(const ContextParallelPlan& plan, const RunArgs& args) {
+  const ContextParallelPlan::State& s = plan.state();
+  const std::int64_t tq = s.local.total_q(), h = s.local.num_heads(), rows = s.rows;
+  if (tq == 0) return;
+  const int dev = s.comm->device_id(), world = s.comm->world(), rank = s.comm->rank();
+  check_tensor(args.out, "out", {DType::bf16}, {tq, h, kDimCkv}, DeviceKind::cuda, dev);
+  require(args.out.stride[0] == h * args.out.stride[1], "out.stride[0]",
+          "the rows must be dense for the merge: expected ", h * args.out.stride[1], ", got ",
+          args.out.stride[0]);
+  if (args.lse.defined()) {
+    check_tensor(args.lse, "lse", {DType::f32}, {tq, h}, DeviceKind::cuda, dev);
+    require(args.lse.stride[0] == h, "lse.stride[0]",
+            "the rows must be dense for the merge: expected ", h, ", got ", args.lse.stride[0]);
+  }
+
+  // This rank's partials, straight into its slot of the world-major exchange buffers.
+  auto* out_all = static_cast<std::uint16_t*>(s.out.ptr);
+  auto* lse_all = static_cast<float*>(s.lse.ptr);
+  RunArgs local = args;
+  local.out = make_view(out_all + rank * rows * kDimCkv, DType::bf16, {tq, h, kDimCkv},
+                        DeviceKind::cuda, dev);
+  local.lse = make_view(lse_all + rank * rows, DType::f32, {tq, h}, DeviceKind::cuda, dev);
+  run(s.local, local);
+
+  // In place: each rank's send buffer is its own slot of the receive buffer.
+  const detail::NcclApi& api = nccl();
+  void* comm = s.comm->handle();
+  nccl_check(api.group_start(), "ncclGroupStart");
+  const int gathered =
+      api.all_gather(local.out.data, out_all, static_cast<std::size_t>(rows * kDimCkv),
+                     detail::kNcclBfloat16, comm, args.stream);
+  const int gathered_lse = api.all_gather(local.lse.data, lse_all, static_cast<std::size_t>(rows),
+                                          detail::kNcclFloat32, comm, args.stream);
+  nccl_check(api.group_end(), "ncclGroupEnd");
+  nccl_check(gathered, "ncclAllGather(out)");
+  nccl_check(gathered_lse, "ncclAllGather(lse)");
+
+  TensorView lse_out;
+  if (args.lse.defined())
+    lse_out = make_strided_view(args.lse.data, DType::f32, {rows}, {1}, DeviceKind::cuda, dev);
+  merge_states(
+      make_strided_view(out_all, DType::bf16, {rows, world, kDimCkv}, {kDimCkv, rows * kDimCkv, 1},
+                        DeviceKind::cuda, dev),
+      make_strided_view(lse_all, DType::f32, {rows, world}, {1, rows}, DeviceKind::cuda, dev),
+      make_strided_view(args.out.data, DType::bf16, {rows, kDimCkv}, {args.out.stride[1], 1},
+                        DeviceKind::cuda, dev),
+      lse_out, args.stream);
 }
 
 }  // namespace fp8mla

@@ -36,6 +36,9 @@ void cuda_copy_to_device(void*, const void*, std::size_t) {
 void cuda_synchronize(int) {
   no_cuda("device");
 }
+void cuda_set_device(int) {
+  no_cuda("device_id");
+}
 void cuda_upload_plan(PlanState&) {
   no_cuda("problem.device");
 }

@@ -22,9 +22,15 @@ int cuda_device_count() noexcept {
   return n;
 }
 
-int cuda_sm_count(int device_id) {
+namespace {
+void require_visible(int device_id) {
   require(device_id >= 0 && device_id < cuda_device_count(), "device_id", device_id,
           " is not a visible CUDA device (", cuda_device_count(), " visible)");
+}
+}  // namespace
+
+int cuda_sm_count(int device_id) {
+  require_visible(device_id);
   int sms = 0;
   FP8MLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_id));
   return sms;
@@ -53,6 +59,11 @@ void cuda_copy_to_device(void* dst, const void* src, std::size_t bytes) {
 void cuda_synchronize(int device_id) {
   FP8MLA_CUDA_CHECK(cudaSetDevice(device_id));
   FP8MLA_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void cuda_set_device(int device_id) {
+  require_visible(device_id);
+  FP8MLA_CUDA_CHECK(cudaSetDevice(device_id));
 }
 
 void destroy_cuda_buffers(CudaPlanBuffers* b) noexcept {

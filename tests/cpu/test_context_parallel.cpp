@@ -5,11 +5,13 @@
 // relative each), so rel L2 <= 4e-3 on out and 1e-3 * max(1, |lse|) on lse.
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
 #include "fp8mla/attention.h"
 #include "fp8mla/context_parallel.h"
 #include "fp8mla/error.h"
+#include "src/core/nccl.h"
 #include "tests/common/test_util.h"
 
 namespace fp8mla {
@@ -99,6 +101,58 @@ TEST(ContextParallel, RejectsWhatItCannotShard) {
   sp.topk = 16;
   test::RandomCase cs = test::make_case(sp);
   EXPECT_THROW(shard_context(cs.problem(), 0, 2, shard), Error);
+}
+
+// The NCCL exchange's host-side checks (its GPU runs: tests/cuda/test_cuda_context_parallel.cpp).
+std::string error_argument(const auto& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.argument();
+  }
+  return "(no error)";
+}
+
+TEST(ContextParallel, NcclCommChecksItsRankBeforeJoining) {
+  const NcclId id{};
+  EXPECT_EQ(error_argument([&] { NcclComm(id, 0, 0, 0); }), "world");
+  EXPECT_EQ(error_argument([&] { NcclComm(id, 2, 2, 0); }), "rank");
+  EXPECT_EQ(error_argument([&] { NcclComm(id, -1, 2, 0); }), "rank");
+  EXPECT_EQ(error_argument([&] { (void)NcclComm::borrow(nullptr, 0); }), "nccl_comm");
+}
+
+TEST(ContextParallel, AnEmptyPlanIsAnError) {
+  const ContextParallelPlan empty;
+  EXPECT_EQ(error_argument([&] { run_context_parallel(empty, RunArgs{}); }), "plan");
+  EXPECT_EQ(error_argument([&] { (void)empty.local(); }), "plan");
+}
+
+// A library that is not NCCL, or no library, is reported with its path and the way to name one.
+TEST(ContextParallel, NcclThatCannotBeLoadedIsNamed) {
+  for (const std::string path : {"/nonexistent/libnccl.so.2", "libm.so.6"}) {
+    try {
+      (void)detail::load_nccl(path);
+      ADD_FAILURE() << path << " loaded as NCCL";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::unsupported) << e.what();
+      const std::string m = e.what();
+      EXPECT_NE(m.find(path), std::string::npos) << m;
+      EXPECT_NE(m.find("FP8MLA_NCCL_LIBRARY"), std::string::npos) << m;
+    }
+  }
+}
+
+// Where NCCL is installed (the CUDA toolkit's, or PyTorch's), ids are fresh each time.
+TEST(ContextParallel, NcclIdsAreFresh) {
+  NcclId a, b;
+  try {
+    a = nccl_unique_id();
+    b = nccl_unique_id();
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::unsupported) GTEST_SKIP() << e.what();
+    throw;
+  }
+  EXPECT_NE(a.bytes, b.bytes);
 }
 
 }  // namespace

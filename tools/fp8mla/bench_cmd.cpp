@@ -14,6 +14,7 @@
 #include "src/core/backend.h"
 #include "tools/fp8mla/args.h"
 #include "tools/fp8mla/commands.h"
+#include "tools/fp8mla/cp_launch.h"
 #include "tools/fp8mla/util.h"
 #include "tools/fp8mla/workload.h"
 
@@ -30,6 +31,9 @@ struct BenchOptions {
   std::string device = "auto";
   int min_chunk = 0;
   bool exact_scores = false;
+  int cp = 0;         // --cp: GPUs of the context-parallel benchmark (0: the decode grid)
+  int cp_rank = -1;   // set by --cp's launcher in each rank's command line
+  std::string cp_id;  // the group's NCCL id, in hex
 };
 
 // The fast path against the float64 reference: fp32 accumulation and bf16 output rounding.
@@ -252,10 +256,41 @@ int run_bench(std::span<const std::string_view> argv) {
              0, 1 << 24);
   ap.add_flag("exact-scores", &o.exact_scores,
               "cuda: PlanOptions::exact_scores (fp8_e4m3 scores off the fp8 tensor cores)");
+  ap.add_int("cp", &o.cp,
+             "cuda: context parallelism instead of the grid: one request (batch 1) decoded with "
+             "its context spread over this many GPUs (one process a GPU, NCCL), against one GPU; "
+             "defaults then: --context 131072,262144,524288,1048576 --heads 8 --page-size 64 "
+             "--format fp8_e4m3",
+             0, 8);
+  ap.add_int("cp-rank", &o.cp_rank, "internal: the rank of a process --cp started", -1, 7);
+  ap.add_string("cp-id", &o.cp_id, "HEX", "internal: the NCCL id --cp's launcher made");
   ap.set_epilog(
       "examples:\n  fp8mla bench --quick\n"
-      "  fp8mla bench --batch 1,64 --heads 8 --context 4096 --format fp8_e4m3");
+      "  fp8mla bench --batch 1,64 --heads 8 --context 4096 --format fp8_e4m3\n"
+      "  fp8mla bench --cp 2 --quick");
   if (!ap.parse(argv)) return 0;
+
+  if (o.cp > 0 || o.cp_rank >= 0) {
+    if (o.cp < 1) throw UsageError("fp8mla bench: --cp-rank: only with --cp");
+    if (ap.given("batch"))
+      throw UsageError("fp8mla bench: --batch: not with --cp (it times one request, batch 1)");
+    if (o.device == "cpu") throw UsageError("fp8mla bench: --device cpu: --cp runs on CUDA GPUs");
+    if (o.cp_rank < 0) return launch_ranks(o.cp, argv);
+    if (o.cp_rank >= o.cp)
+      throw UsageError("fp8mla bench: --cp-rank: expected 0.." + std::to_string(o.cp - 1));
+    bench::CpBenchOptions c;
+    c.rank = o.cp_rank;
+    c.world = o.cp;
+    c.id = id_from_hex(o.cp_id);
+    c.quick = o.quick;
+    c.heads = o.heads;
+    c.contexts = o.contexts;
+    c.page_sizes = o.page_sizes;
+    for (const std::string& f : o.formats) c.formats.push_back(parse_format(f));
+    c.json_path = o.json;
+    c.progress = !o.no_progress;
+    return bench::run_cp_bench(c);
+  }
 
   const bool gpu = o.device == "cuda" || (o.device == "auto" && cuda_available());
   if (gpu) {

@@ -1,0 +1,71 @@
+// Shared by the GPU benchmarks (gpu_bench.cu: the decode grid; cp_bench.cu: context
+// parallelism): CUDA-graph timing, the bandwidth ceilings, random pools and cache views.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "fp8mla/cache.h"
+#include "fp8mla/format.h"
+#include "src/cuda/cuda_util.cuh"
+
+namespace fp8mla::bench {
+
+// Median over `reps` replays of a graph holding `calls` calls; microseconds per call.
+inline double time_graph(cudaStream_t s, cudaGraphExec_t exec, int calls, int reps) {
+  cudaEvent_t a, b;
+  FP8MLA_CUDA_CHECK(cudaEventCreate(&a));
+  FP8MLA_CUDA_CHECK(cudaEventCreate(&b));
+  FP8MLA_CUDA_CHECK(cudaGraphLaunch(exec, s));  // warm-up
+  std::vector<float> t;
+  for (int i = 0; i < reps; ++i) {
+    FP8MLA_CUDA_CHECK(cudaEventRecord(a, s));
+    FP8MLA_CUDA_CHECK(cudaGraphLaunch(exec, s));
+    FP8MLA_CUDA_CHECK(cudaEventRecord(b, s));
+    FP8MLA_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    FP8MLA_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  std::nth_element(t.begin(), t.begin() + reps / 2, t.end());
+  FP8MLA_CUDA_CHECK(cudaEventDestroy(a));
+  FP8MLA_CUDA_CHECK(cudaEventDestroy(b));
+  return 1e3 * t[reps / 2] / calls;
+}
+
+template <class Body>
+double time_captured(cudaStream_t s, int calls, int reps, Body&& body) {
+  cudaGraph_t g;
+  cudaGraphExec_t exec;
+  FP8MLA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  body();
+  FP8MLA_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  FP8MLA_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+  const double us = time_graph(s, exec, calls, reps);
+  FP8MLA_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  FP8MLA_CUDA_CHECK(cudaGraphDestroy(g));
+  return us;
+}
+
+// Bandwidth ceilings over a device buffer of `bytes` (>= 2 GB for HBM figures): a copy kernel
+// (read + write GB/s, over min(bytes / 2, 4 GB)) and a streaming read (over min(bytes, 8 GB)).
+double measure_copy_gbs(cudaStream_t s, std::uint8_t* buf, std::size_t bytes);
+double measure_read_gbs(cudaStream_t s, std::uint8_t* buf, std::size_t bytes);
+
+// Random but well-formed tokens of format f (fp8 codes of magnitude 2^-4..2^3, no NaN; bf16
+// values in (-2, 2); block scales 2^-2..2^1), deterministic in seed.
+void fill_pool(cudaStream_t s, std::uint8_t* pool, std::int64_t tokens, KvFormat f,
+               std::uint64_t seed);
+// n bf16 values in (-2, 2), deterministic in seed.
+void fill_bf16(cudaStream_t s, std::uint16_t* p, std::int64_t n, std::uint64_t seed);
+
+// The cache view of a dense [pages, ps, token] pool of format f at base (SGLang's layout: ckv
+// and kpe as two views of one token).
+KvCacheView cache_view(std::uint8_t* base, KvFormat f, std::int64_t pages, int ps,
+                       int device_id = 0);
+
+}  // namespace fp8mla::bench
