@@ -7,8 +7,6 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <numeric>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -75,30 +73,10 @@ struct CpRunner {
     DeviceBytes lse(static_cast<std::size_t>(2 * rows * 4), dev);
     fill_bf16(s, q.as<std::uint16_t>(), rows * 576, 5);
 
-    // Region v: pages [v per_req, (v + 1) per_req) in a random order, the same on every rank.
-    std::mt19937_64 rng(static_cast<std::uint64_t>(ctx + 7 * ps + 131 * heads));
-    std::vector<std::vector<std::int32_t>> indices(regions);
-    for (int v = 0; v < regions; ++v) {
-      indices[v].resize(static_cast<std::size_t>(per_req));
-      std::iota(indices[v].begin(), indices[v].end(), static_cast<std::int32_t>(v * per_req));
-      std::shuffle(indices[v].begin(), indices[v].end(), rng);
-    }
-    const std::vector<std::int32_t> qo{0, 1}, kvp{0, static_cast<std::int32_t>(per_req)}, len{ctx};
+    const UniformBatch batch(1, ctx, ps, regions,
+                             static_cast<std::uint64_t>(ctx + 7 * ps + 131 * heads));
     auto problem = [&](int v) {
-      Problem p;
-      p.num_heads = heads;
-      p.page_size = ps;
-      p.num_pages = pages;
-      p.kv_format = f;
-      p.causal = false;
-      p.sm_scale = 1.0f / std::sqrt(192.0f);
-      p.qo_indptr = qo;
-      p.kv_indptr = kvp;
-      p.kv_indices = indices[v];
-      p.kv_len = len;
-      p.device = DeviceKind::cuda;
-      p.device_id = dev;
-      return p;
+      return batch.problem(batch.regions[static_cast<std::size_t>(v)], heads, ps, pages, f, dev);
     };
     const DeviceKind cuda = DeviceKind::cuda;
     auto* q16 = q.as<std::uint16_t>();

@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <fstream>
 #include <numeric>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -96,34 +95,14 @@ struct CaseRunner {
     const std::int64_t per_req = (ctx + ps - 1) / ps, per_call = per_req * bs;
     const int variants = static_cast<int>(std::clamp<std::int64_t>(pool_pages / per_call, 1, 16));
     if (pool_pages < per_call) throw Error(ErrorCode::invalid_argument, "bench", "pool too small");
-    std::mt19937_64 rng(static_cast<std::uint64_t>(bs * 131 + heads * 17 + ctx + ps));
-    // Page tables: variant v reads region v of the pool, pages in random order.
-    std::vector<std::vector<std::int32_t>> indices(variants);
-    for (int v = 0; v < variants; ++v) {
-      indices[v].resize(static_cast<std::size_t>(per_call));
-      std::iota(indices[v].begin(), indices[v].end(), static_cast<std::int32_t>(v * per_call));
-      std::shuffle(indices[v].begin(), indices[v].end(), rng);
-    }
-    std::vector<std::int32_t> qo(bs + 1), kvp(bs + 1), len(bs, ctx);
-    for (int r = 0; r <= bs; ++r) qo[r] = r, kvp[r] = static_cast<std::int32_t>(r * per_req);
-    const float sm_scale = 1.0f / std::sqrt(192.0f);
-    auto make_plan = [&](const std::vector<std::int32_t>& idx, KvFormat fmt, std::int64_t pages) {
-      Problem p;
-      p.num_heads = heads;
-      p.page_size = ps;
-      p.num_pages = pages;
-      p.kv_format = fmt;
-      p.causal = false;
-      p.sm_scale = sm_scale;
-      p.qo_indptr = qo;
-      p.kv_indptr = kvp;
-      p.kv_indices = idx;
-      p.kv_len = len;
-      p.device = DeviceKind::cuda;
+    const UniformBatch batch(bs, ctx, ps, variants,
+                             static_cast<std::uint64_t>(bs * 131 + heads * 17 + ctx + ps));
+    const std::vector<std::vector<std::int32_t>>& indices = batch.regions;
+    auto make_plan = [&](std::span<const std::int32_t> idx, KvFormat fmt, std::int64_t pages) {
       PlanOptions po;
       if (min_chunk_tokens > 0) po.min_chunk_tokens = min_chunk_tokens;
       po.exact_scores = exact_scores;
-      return plan(p, po);
+      return plan(batch.problem(idx, heads, ps, pages, fmt), po);
     };
     std::vector<Plan> plans;
     for (int v = 0; v < variants; ++v) plans.push_back(make_plan(indices[v], f, pool_pages));

@@ -1,4 +1,8 @@
 // The GPU benchmarks' shared kernels and views (bench/gpu_bench_util.cuh).
+#include <cmath>
+#include <numeric>
+#include <random>
+
 #include "bench/gpu_bench_util.cuh"
 
 namespace fp8mla::bench {
@@ -123,6 +127,39 @@ KvCacheView cache_view(std::uint8_t* base, KvFormat f, std::int64_t pages, int p
   v.ckv = make_strided_view(base, dt, {pages, ps, 512}, {ps * t, t, 1}, cuda, device_id);
   v.kpe = make_strided_view(base + 512 * e, dt, {pages, ps, 64}, {ps * t, t, 1}, cuda, device_id);
   return v;
+}
+
+UniformBatch::UniformBatch(int bs, int ctx, int ps, int n_regions, std::uint64_t seed)
+    : qo_indptr(static_cast<std::size_t>(bs + 1)),
+      kv_indptr(static_cast<std::size_t>(bs + 1)),
+      kv_len(static_cast<std::size_t>(bs), ctx),
+      regions(static_cast<std::size_t>(n_regions)) {
+  const std::int32_t per_req = (ctx + ps - 1) / ps, per_call = per_req * bs;
+  std::mt19937_64 rng(seed);
+  for (std::vector<std::int32_t>& r : regions) {
+    r.resize(static_cast<std::size_t>(per_call));
+    std::iota(r.begin(), r.end(), static_cast<std::int32_t>(&r - regions.data()) * per_call);
+    std::shuffle(r.begin(), r.end(), rng);
+  }
+  for (int r = 0; r <= bs; ++r) qo_indptr[r] = r, kv_indptr[r] = r * per_req;
+}
+
+Problem UniformBatch::problem(std::span<const std::int32_t> indices, int heads, int ps,
+                              std::int64_t num_pages, KvFormat f, int device_id) const {
+  Problem p;
+  p.num_heads = heads;
+  p.page_size = ps;
+  p.num_pages = num_pages;
+  p.kv_format = f;
+  p.causal = false;
+  p.sm_scale = 1.0f / std::sqrt(192.0f);
+  p.qo_indptr = qo_indptr;
+  p.kv_indptr = kv_indptr;
+  p.kv_indices = indices;
+  p.kv_len = kv_len;
+  p.device = DeviceKind::cuda;
+  p.device_id = device_id;
+  return p;
 }
 
 }  // namespace fp8mla::bench

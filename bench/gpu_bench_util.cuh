@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
+#include "fp8mla/attention.h"
 #include "fp8mla/cache.h"
 #include "fp8mla/format.h"
 #include "src/cuda/cuda_util.cuh"
@@ -67,5 +69,18 @@ void fill_bf16(cudaStream_t s, std::uint16_t* p, std::int64_t n, std::uint64_t s
 // and kpe as two views of one token).
 KvCacheView cache_view(std::uint8_t* base, KvFormat f, std::int64_t pages, int ps,
                        int device_id = 0);
+
+// The benches' batches: `bs` requests of one query token and `ctx` tokens each, not causal,
+// sm_scale 1 / sqrt(192), and `regions` page tables over disjoint regions of the pool (region v:
+// pages [v n, (v + 1) n), n = bs x pages a request, in a random order from `seed`), so that
+// successive timed calls read different bytes.
+struct UniformBatch {
+  std::vector<std::int32_t> qo_indptr, kv_indptr, kv_len;
+  std::vector<std::vector<std::int32_t>> regions;
+  UniformBatch(int bs, int ctx, int ps, int regions, std::uint64_t seed);
+  // The Problem over page table `indices` (spans into this batch and `indices`).
+  Problem problem(std::span<const std::int32_t> indices, int heads, int ps, std::int64_t num_pages,
+                  KvFormat f, int device_id = 0) const;
+};
 
 }  // namespace fp8mla::bench
