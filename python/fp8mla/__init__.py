@@ -5,6 +5,8 @@ High level (FlashInfer-compatible):
 
 Low level (one to one with the C++ API, LSE natural log):
     plan, replan, run, merge_states, PagedLatentCache, append_kv
+    context parallelism over NCCL: nccl_unique_id, NcclComm, plan_context_parallel,
+    replan_context_parallel, run_context_parallel
     KvFormat, token_bytes, cuda_available, version
     codecs: fp8_e4m3_encode/decode, bf16_encode/decode, encode_token(s)/decode_token(s)
 
@@ -21,7 +23,9 @@ from .api import (
     DIM_QK,
     MAX_HEADS,
     MAX_PAGE_SIZE,
+    ContextParallelPlan,
     KvFormat,
+    NcclComm,
     PagedLatentCache,
     Plan,
     append_kv,
@@ -36,9 +40,13 @@ from .api import (
     fp8_e4m3_decode,
     fp8_e4m3_encode,
     merge_states,
+    nccl_unique_id,
     plan,
+    plan_context_parallel,
     replan,
+    replan_context_parallel,
     run,
+    run_context_parallel,
     token_bytes,
     version,
 )
@@ -48,12 +56,14 @@ __version__ = version()
 
 __all__ = [
     "BatchMLAPagedAttentionWrapper",
+    "ContextParallelPlan",
     "DIM_CKV",
     "DIM_KPE",
     "DIM_QK",
     "KvFormat",
     "MAX_HEADS",
     "MAX_PAGE_SIZE",
+    "NcclComm",
     "PagedLatentCache",
     "Plan",
     "append_kv",
@@ -68,9 +78,13 @@ __all__ = [
     "fp8_e4m3_decode",
     "fp8_e4m3_encode",
     "merge_states",
+    "nccl_unique_id",
     "plan",
+    "plan_context_parallel",
     "replan",
+    "replan_context_parallel",
     "run",
+    "run_context_parallel",
     "token_bytes",
     "version",
 ]

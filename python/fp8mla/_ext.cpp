@@ -15,6 +15,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <tuple>
@@ -22,6 +23,7 @@
 
 #include "fp8mla/attention.h"
 #include "fp8mla/cache.h"
+#include "fp8mla/context_parallel.h"
 #include "fp8mla/error.h"
 #include "fp8mla/format.h"
 #include "fp8mla/tensor.h"
@@ -180,6 +182,45 @@ void fill_problem(ProblemArgs& pa, nb::handle qo_indptr, nb::handle kv_indptr,
                                                    "sparse_indices", DType::i32);
 }
 
+// fp8mla::PlanOptions from the dict the Python layer builds (api._plan_options: every key).
+fp8mla::PlanOptions plan_options(const nb::dict& d) {
+  fp8mla::PlanOptions o;
+  o.sm_count = nb::cast<int>(d["sm_count"]);
+  o.ctas_per_sm = nb::cast<int>(d["ctas_per_sm"]);
+  o.min_chunk_tokens = nb::cast<int>(d["min_chunk_tokens"]);
+  o.num_threads = nb::cast<int>(d["num_threads"]);
+  o.cpu_reference = nb::cast<bool>(d["cpu_reference"]);
+  o.cuda_graph = nb::cast<bool>(d["cuda_graph"]);
+  o.max_batch = nb::cast<int>(d["max_batch"]);
+  o.max_total_q = nb::cast<int>(d["max_total_q"]);
+  o.max_kv_indices = nb::cast<std::int64_t>(d["max_kv_indices"]);
+  o.max_qo_len = nb::cast<int>(d["max_qo_len"]);
+  o.exact_scores = nb::cast<bool>(d["exact_scores"]);
+  return o;
+}
+
+void* as_stream(std::uintptr_t stream) {
+  return reinterpret_cast<void*>(stream);
+}
+
+// run()'s arguments (and run_context_parallel()'s) from Python objects kept alive by `keep`.
+fp8mla::RunArgs run_args(Args& keep, KvFormat format, nb::handle q_nope, nb::handle q_pe,
+                         nb::handle ckv, nb::handle kpe, nb::handle out, nb::handle lse,
+                         float ckv_scale, float kpe_scale, std::uintptr_t stream) {
+  fp8mla::RunArgs a;
+  a.q_nope = keep.in(q_nope, "q_nope");
+  a.q_pe = keep.in(q_pe, "q_pe");
+  a.kv.format = format;
+  a.kv.ckv = keep.in(ckv, "ckv_cache");
+  a.kv.kpe = keep.in(kpe, "kpe_cache");
+  a.kv.ckv_scale = ckv_scale;
+  a.kv.kpe_scale = kpe_scale;
+  a.out = keep.out(out, "out");
+  a.lse = keep.out(lse, "lse");
+  a.stream = as_stream(stream);
+  return a;
+}
+
 void translate_error(const std::exception_ptr& e, void*) {
   try {
     std::rethrow_exception(e);
@@ -188,10 +229,6 @@ void translate_error(const std::exception_ptr& e, void*) {
         err.code() == ErrorCode::invalid_argument ? PyExc_ValueError : PyExc_RuntimeError,
         err.what());
   }
-}
-
-void* as_stream(std::uintptr_t stream) {
-  return reinterpret_cast<void*>(stream);
 }
 
 NanPolicy parse_nan(const std::string& nan) {
@@ -283,32 +320,17 @@ NB_MODULE(_fp8mla, m) {
       [](nb::handle qo_indptr, nb::handle kv_indptr, nb::handle kv_indices, nb::handle kv_len,
          int num_heads, int page_size, std::int64_t num_pages, KvFormat kv_format, bool causal,
          float sm_scale, int topk, nb::handle sparse_indices, const std::string& device,
-         int device_id, int sm_count, int ctas_per_sm, int min_chunk_tokens, int num_threads,
-         bool cpu_reference, bool cuda_graph, int max_batch, int max_total_q,
-         std::int64_t max_kv_indices, int max_qo_len, bool exact_scores) {
+         int device_id, const nb::dict& options) {
         ProblemArgs pa;
         fill_problem(pa, qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size, num_pages,
                      kv_format, causal, sm_scale, topk, sparse_indices, device, device_id);
-        fp8mla::PlanOptions o;
-        o.sm_count = sm_count;
-        o.ctas_per_sm = ctas_per_sm;
-        o.min_chunk_tokens = min_chunk_tokens;
-        o.num_threads = num_threads;
-        o.cpu_reference = cpu_reference;
-        o.cuda_graph = cuda_graph;
-        o.max_batch = max_batch;
-        o.max_total_q = max_total_q;
-        o.max_kv_indices = max_kv_indices;
-        o.max_qo_len = max_qo_len;
-        o.exact_scores = exact_scores;
+        const fp8mla::PlanOptions o = plan_options(options);
         nb::gil_scoped_release release;
         return fp8mla::plan(pa.problem, o);
       },
       "qo_indptr"_a.none(), "kv_indptr"_a.none(), "kv_indices"_a.none(), "kv_len"_a.none(),
       "num_heads"_a, "page_size"_a, "num_pages"_a, "kv_format"_a, "causal"_a, "sm_scale"_a,
-      "topk"_a, "sparse_indices"_a.none(), "device"_a, "device_id"_a, "sm_count"_a, "ctas_per_sm"_a,
-      "min_chunk_tokens"_a, "num_threads"_a, "cpu_reference"_a, "cuda_graph"_a, "max_batch"_a,
-      "max_total_q"_a, "max_kv_indices"_a, "max_qo_len"_a, "exact_scores"_a = false);
+      "topk"_a, "sparse_indices"_a.none(), "device"_a, "device_id"_a, "options"_a);
 
   m.def(
       "replan",
@@ -332,18 +354,9 @@ NB_MODULE(_fp8mla, m) {
          nb::handle out, nb::handle lse, float ckv_scale, float kpe_scale,
          nb::handle sparse_indices, std::uintptr_t stream) {
         Args keep;
-        fp8mla::RunArgs a;
-        a.q_nope = keep.in(q_nope, "q_nope");
-        a.q_pe = keep.in(q_pe, "q_pe");
-        a.kv.format = p.kv_format();
-        a.kv.ckv = keep.in(ckv, "ckv_cache");
-        a.kv.kpe = keep.in(kpe, "kpe_cache");
-        a.kv.ckv_scale = ckv_scale;
-        a.kv.kpe_scale = kpe_scale;
-        a.out = keep.out(out, "out");
-        a.lse = keep.out(lse, "lse");
+        fp8mla::RunArgs a = run_args(keep, p.kv_format(), q_nope, q_pe, ckv, kpe, out, lse,
+                                     ckv_scale, kpe_scale, stream);
         a.sparse_indices = keep.in(sparse_indices, "sparse_indices");
-        a.stream = as_stream(stream);
         nb::gil_scoped_release release;
         fp8mla::run(p, a);
       },
@@ -363,6 +376,99 @@ NB_MODULE(_fp8mla, m) {
         fp8mla::merge_states(tv, ts, tvo, tso, as_stream(stream));
       },
       "v"_a, "s"_a, "v_out"_a.none(), "s_out"_a.none(), "stream"_a);
+
+  // ---- context parallelism (NCCL) ----
+  m.def(
+      "nccl_unique_id",
+      [] {
+        const fp8mla::NcclId id = fp8mla::nccl_unique_id();
+        return nb::bytes(id.bytes.data(), id.bytes.size());
+      },
+      "a fresh NCCL unique id (128 bytes)");
+
+  nb::class_<fp8mla::NcclComm>(m, "NcclComm", "One rank's NCCL communicator on one CUDA device.")
+      .def(
+          "__init__",
+          [](fp8mla::NcclComm* self, nb::bytes id, int rank, int world, int device_id) {
+            fp8mla::NcclId nid;
+            if (id.size() != nid.bytes.size())
+              bad("id", "expected " + std::to_string(nid.bytes.size()) + " bytes (from "
+                        "nccl_unique_id()), got " + std::to_string(id.size()));
+            std::memcpy(nid.bytes.data(), id.c_str(), nid.bytes.size());
+            nb::gil_scoped_release release;  // blocks until every rank has joined
+            new (self) fp8mla::NcclComm(nid, rank, world, device_id);
+          },
+          "id"_a, "rank"_a, "world"_a, "device_id"_a)
+      .def_static(
+          "borrow",
+          [](std::uintptr_t comm, int device_id) {
+            return fp8mla::NcclComm::borrow(reinterpret_cast<void*>(comm), device_id);
+          },
+          "nccl_comm"_a, "device_id"_a)
+      .def_prop_ro("rank", &fp8mla::NcclComm::rank)
+      .def_prop_ro("world", &fp8mla::NcclComm::world)
+      .def_prop_ro("device_id", &fp8mla::NcclComm::device_id)
+      .def_prop_ro("handle", [](const fp8mla::NcclComm& c) {
+        return reinterpret_cast<std::uintptr_t>(c.handle());
+      });
+
+  nb::class_<fp8mla::ContextParallelPlan>(m, "ContextParallelPlan",
+                                          "One rank's plan of a context-parallel batch (opaque).")
+      .def_prop_ro("local", &fp8mla::ContextParallelPlan::local, nb::rv_policy::reference_internal)
+      .def_prop_ro("rank", [](const fp8mla::ContextParallelPlan& p) { return p.comm().rank(); })
+      .def_prop_ro("world", [](const fp8mla::ContextParallelPlan& p) { return p.comm().world(); })
+      .def_prop_ro("device_id",
+                   [](const fp8mla::ContextParallelPlan& p) { return p.comm().device_id(); })
+      .def_prop_ro("kv_len", [](const fp8mla::ContextParallelPlan& p) { return p.shard().kv_len; },
+                   "this rank's tokens per request");
+
+  m.def(
+      "plan_context_parallel",
+      [](const fp8mla::NcclComm& comm, nb::handle qo_indptr, nb::handle kv_indptr,
+         nb::handle kv_indices, nb::handle kv_len, int num_heads, int page_size,
+         std::int64_t num_pages, KvFormat kv_format, bool causal, float sm_scale, int topk,
+         nb::handle sparse_indices, const std::string& device, int device_id, const nb::dict& options) {
+        ProblemArgs pa;
+        fill_problem(pa, qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size, num_pages,
+                     kv_format, causal, sm_scale, topk, sparse_indices, device, device_id);
+        const fp8mla::PlanOptions o = plan_options(options);
+        nb::gil_scoped_release release;
+        return fp8mla::plan_context_parallel(pa.problem, comm, o);
+      },
+      nb::keep_alive<0, 1>(),  // the plan uses the communicator
+      "comm"_a, "qo_indptr"_a.none(), "kv_indptr"_a.none(), "kv_indices"_a.none(),
+      "kv_len"_a.none(), "num_heads"_a, "page_size"_a, "num_pages"_a, "kv_format"_a, "causal"_a,
+      "sm_scale"_a, "topk"_a, "sparse_indices"_a.none(), "device"_a, "device_id"_a, "options"_a);
+
+  m.def(
+      "replan_context_parallel",
+      [](fp8mla::ContextParallelPlan& p, nb::handle qo_indptr, nb::handle kv_indptr,
+         nb::handle kv_indices, nb::handle kv_len, int num_heads, int page_size,
+         std::int64_t num_pages, KvFormat kv_format, bool causal, float sm_scale, int topk,
+         nb::handle sparse_indices, const std::string& device, int device_id) {
+        ProblemArgs pa;
+        fill_problem(pa, qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size, num_pages,
+                     kv_format, causal, sm_scale, topk, sparse_indices, device, device_id);
+        nb::gil_scoped_release release;
+        fp8mla::replan_context_parallel(p, pa.problem);
+      },
+      "plan"_a, "qo_indptr"_a.none(), "kv_indptr"_a.none(), "kv_indices"_a.none(),
+      "kv_len"_a.none(), "num_heads"_a, "page_size"_a, "num_pages"_a, "kv_format"_a, "causal"_a,
+      "sm_scale"_a, "topk"_a, "sparse_indices"_a.none(), "device"_a, "device_id"_a);
+
+  m.def(
+      "run_context_parallel",
+      [](const fp8mla::ContextParallelPlan& p, nb::handle q_nope, nb::handle q_pe, nb::handle ckv,
+         nb::handle kpe, nb::handle out, nb::handle lse, float ckv_scale, float kpe_scale,
+         std::uintptr_t stream) {
+        Args keep;
+        const fp8mla::RunArgs a = run_args(keep, p.local().kv_format(), q_nope, q_pe, ckv, kpe,
+                                           out, lse, ckv_scale, kpe_scale, stream);
+        nb::gil_scoped_release release;
+        fp8mla::run_context_parallel(p, a);
+      },
+      "plan"_a, "q_nope"_a.none(), "q_pe"_a.none(), "ckv_cache"_a.none(), "kpe_cache"_a.none(),
+      "out"_a.none(), "lse"_a.none(), "ckv_scale"_a, "kpe_scale"_a, "stream"_a);
 
   // ---- PagedLatentCache ----
   nb::class_<fp8mla::PagedLatentCache>(m, "PagedLatentCache")

@@ -68,7 +68,8 @@ def _stream(stream, like):
 
 def _problem_args(qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size, num_pages,
                   sm_scale, kv_format, causal, topk, sparse_indices, device):
-    """The Problem part of _ext.plan / _ext.replan's arguments, converted once for both."""
+    """The Problem part of _ext.plan / replan / plan_context_parallel / replan_context_parallel's
+    arguments, converted once for all."""
     kind, index = parse_device(device)
     return (
         host_i32(qo_indptr, "qo_indptr"),
@@ -136,18 +137,22 @@ def plan(
     return _ext.plan(
         *_problem_args(qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size, num_pages,
                        sm_scale, kv_format, causal, topk, sparse_indices, device),
-        int(sm_count),
-        int(ctas_per_sm),
-        int(min_chunk_tokens),
-        int(num_threads),
-        bool(cpu_reference),
-        bool(cuda_graph),
-        int(max_batch),
-        int(max_total_q),
-        int(max_kv_indices),
-        int(max_qo_len),
-        bool(exact_scores),
+        _plan_options(sm_count, ctas_per_sm, min_chunk_tokens, num_threads, cpu_reference,
+                      cuda_graph, max_batch, max_total_q, max_kv_indices, max_qo_len,
+                      exact_scores),
     )
+
+
+def _plan_options(sm_count=0, ctas_per_sm=0, min_chunk_tokens=64, num_threads=0,
+                  cpu_reference=False, cuda_graph=False, max_batch=0, max_total_q=0,
+                  max_kv_indices=0, max_qo_len=0, exact_scores=False):
+    """fp8mla::PlanOptions as the dict _ext takes (every key, converted)."""
+    return dict(sm_count=int(sm_count), ctas_per_sm=int(ctas_per_sm),
+                min_chunk_tokens=int(min_chunk_tokens), num_threads=int(num_threads),
+                cpu_reference=bool(cpu_reference), cuda_graph=bool(cuda_graph),
+                max_batch=int(max_batch), max_total_q=int(max_total_q),
+                max_kv_indices=int(max_kv_indices), max_qo_len=int(max_qo_len),
+                exact_scores=bool(exact_scores))
 
 
 def replan(
@@ -217,24 +222,84 @@ def run(
     both values). Releases the GIL while computing. Not a torch custom op (torch.compile graph
     breaks here): BatchMLAPagedAttentionWrapper.run and fp8mla.torch_ops are.
     """
+    out, lse = _outputs(q_nope, out, lse, return_lse)
+    _ext.run(plan, for_ext(q_nope), for_ext(q_pe), for_ext(ckv_cache), for_ext(kpe_cache),
+             for_ext(out), for_ext(lse), float(ckv_scale), float(kpe_scale),
+             for_ext(sparse_indices), _stream(stream, q_nope))
+    return (out, lse) if return_lse else out
+
+
+def _outputs(q_nope, out, lse, return_lse):
+    """run()'s out (allocated like q_nope when None) and lse (allocated when asked for)."""
     require_array(q_nope, "q_nope", 3)
     if out is None:
         out = empty(q_nope, (q_nope.shape[0], q_nope.shape[1], DIM_CKV), "bf16")
     if lse is None and return_lse:
         lse = empty(q_nope, (q_nope.shape[0], q_nope.shape[1]), "f32")
-    _ext.run(
-        plan,
-        for_ext(q_nope),
-        for_ext(q_pe),
-        for_ext(ckv_cache),
-        for_ext(kpe_cache),
-        for_ext(out),
-        for_ext(lse),
-        float(ckv_scale),
-        float(kpe_scale),
-        for_ext(sparse_indices),
-        _stream(stream, q_nope),
-    )
+    return out, lse
+
+
+# ---- context parallelism (include/fp8mla/context_parallel.h) ----
+
+NcclComm = _ext.NcclComm
+ContextParallelPlan = _ext.ContextParallelPlan
+
+
+def nccl_unique_id():
+    """A fresh NCCL unique id (128 bytes) for NcclComm(id, rank, world, device_id): one rank
+    makes it and sends it to the others (e.g. with torch.distributed.broadcast_object_list). The
+    process that makes it serves the group's bootstrap until every rank has joined.
+
+    NCCL is loaded at run time: the process's own libnccl.so.2 (PyTorch's, once torch has
+    loaded it), else FP8MLA_NCCL_LIBRARY, else the loader's. RuntimeError when none loads.
+    NcclComm(id, rank, world, device_id) joins the group (blocking until every rank has);
+    NcclComm.borrow(nccl_comm, device_id) wraps an ncclComm_t the caller owns (an int).
+    """
+    return _ext.nccl_unique_id()
+
+
+def plan_context_parallel(comm, qo_indptr, kv_indptr, kv_indices, kv_len, *, num_heads,
+                          page_size, num_pages, sm_scale, kv_format="fp8_e4m3", causal=True,
+                          device=None, **options):
+    """This rank's plan of a batch whose contexts are spread over comm's ranks
+    (fp8mla::plan_context_parallel): rank k of world n takes pages [k m, (k + 1) m) of each
+    request (m = ceil(pages / n)); the page table lists the full contexts, with page ids of
+    this rank's pool for its own pages. Arguments as plan()'s (dense only; causal needs
+    qo_len <= 1); device defaults to comm's ("cuda:<device_id>"); options are plan()'s
+    (cuda_graph=True with max_* for replan_context_parallel). Keeps comm alive.
+    """
+    if device is None:
+        device = f"cuda:{comm.device_id}"
+    args = _problem_args(qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size,
+                         num_pages, sm_scale, kv_format, causal, 0, None, device)
+    return _ext.plan_context_parallel(comm, *args, _plan_options(**options))
+
+
+def replan_context_parallel(plan, qo_indptr, kv_indptr, kv_indices, kv_len, *, num_heads,
+                            page_size, num_pages, sm_scale, kv_format="fp8_e4m3", causal=True,
+                            device=None):
+    """Re-plans a graph-mode ContextParallelPlan in place for new lengths and page tables
+    (fp8mla::replan_context_parallel); qo_indptr must equal the planned one."""
+    if device is None:
+        device = f"cuda:{plan.device_id}"
+    args = _problem_args(qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size,
+                         num_pages, sm_scale, kv_format, causal, 0, None, device)
+    _ext.replan_context_parallel(plan, *args)
+
+
+def run_context_parallel(plan, q_nope, q_pe, ckv_cache, kpe_cache=None, *, out=None, lse=None,
+                         return_lse=False, ckv_scale=1.0, kpe_scale=1.0, stream=None):
+    """Decode of the whole contexts on every rank (fp8mla::run_context_parallel): this rank's
+    share into its slot of the exchange buffers, an NCCL all-gather of (out, lse) on `stream`,
+    and the merge into out / lse. Arguments as run()'s for the full batch (out and lse dense
+    over their rows); ckv_cache / kpe_cache are this rank's pool. Every rank calls it, in the
+    same order as its other collectives. No allocation inside (out / lse are allocated here
+    when None) and no host sync: capturable in a CUDA graph.
+    """
+    out, lse = _outputs(q_nope, out, lse, return_lse)
+    _ext.run_context_parallel(plan, for_ext(q_nope), for_ext(q_pe), for_ext(ckv_cache),
+                              for_ext(kpe_cache), for_ext(out), for_ext(lse), float(ckv_scale),
+                              float(kpe_scale), _stream(stream, q_nope))
     return (out, lse) if return_lse else out
 
 

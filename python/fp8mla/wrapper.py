@@ -23,7 +23,7 @@ from ._tensors import (
     squeeze_head_dim,
     to_log2_inplace,
 )
-from .api import DIM_CKV, DIM_KPE, KvFormat, as_format
+from .api import DIM_CKV, DIM_KPE, KvFormat, _plan_options, as_format
 
 _BACKENDS = ("auto", "fa2", "fa3", "cpu", "cpu_reference", "cuda")
 
@@ -273,17 +273,14 @@ class BatchMLAPagedAttentionWrapper:
             # chunks): the split the C++ planner is tuned and benchmarked with (bench/NOTES.md
             # v22; the fixed 2 CTAs per SM and 256-token chunks used here before cost e.g.
             # 1/8/4096 12.7 instead of 9.0 us on the H200).
-            d = _ext.plan_defaults()
-            self._plan = _ext.plan(
-                *args,
-                d["sm_count"], d["ctas_per_sm"], d["min_chunk_tokens"], self._num_threads,
-                self._cpu_reference, graph,
-                int(max_batch) if graph else 0,
-                int(max_total_q) if graph else 0,
-                int(max_kv) if graph else 0,
-                int(self._max_qo_len or 0) if graph else 0,
-                self._exact_scores,
-            )
+            self._plan = _ext.plan(*args, _plan_options(
+                num_threads=self._num_threads, cpu_reference=self._cpu_reference,
+                cuda_graph=graph,
+                max_batch=max_batch if graph else 0,
+                max_total_q=max_total_q if graph else 0,
+                max_kv_indices=max_kv if graph else 0,
+                max_qo_len=(self._max_qo_len or 0) if graph else 0,
+                exact_scores=self._exact_scores))
         self._planned_pages = num_pages
 
     # ---- run ----

@@ -268,8 +268,10 @@ def test_python_defaults_are_the_cpp_plan_options():
     assert set(cpp) == {"sm_count", "ctas_per_sm", "min_chunk_tokens", "num_threads",
                         "cpu_reference", "exact_scores"}
     plan_params = inspect.signature(fp8mla.plan).parameters
+    option_params = inspect.signature(fp8mla.api._plan_options).parameters  # the wrapper's
     for name, value in cpp.items():
         assert plan_params[name].default == value, f"fp8mla.plan {name}"
+        assert option_params[name].default == value, f"_plan_options {name}"
     wrapper_params = inspect.signature(fp8mla.BatchMLAPagedAttentionWrapper).parameters
     for name in ("num_threads", "exact_scores"):
         assert wrapper_params[name].default == cpp[name], f"wrapper {name}"
