@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device lease: GPU tests, sanitizers on a small grid, the full bench (NO_BENCH=1 skips it),
-# the GPU demo.
+# the GPU demo, `fp8mla bench --cp 1 --quick`.
 # Run from the repo root on the device machine with build-cuda/ carried; results go to $OUT.
 set -uo pipefail
 out=${OUT:-/tmp/fp8mla-out}
@@ -23,6 +23,11 @@ if [ -z "${NO_BENCH:-}" ]; then
 fi
 timeout 50 build-cuda/tools/fp8mla/fp8mla demo --device cuda --no-progress > "$out/demo_gpu.txt" 2>&1
 echo "demo rc=$?"; tail -12 "$out/demo_gpu.txt"
+# Context parallelism at world 1 (the launcher, the exchange and the merge on one GPU: their cost
+# over a plain run; bench/run_device_cp.sh runs the multi-GPU worlds).
+timeout 90 build-cuda/tools/fp8mla/fp8mla bench --cp 1 --quick --json "$out/cp1.json" --no-progress \
+  > "$out/cp1.txt" 2>&1
+echo "bench --cp 1 rc=$?"; tail -6 "$out/cp1.txt"
 [ -f "$out/bench.txt" ] && grep -E "ceil|native" "$out/bench.txt" | head -60
 # Where the time goes in the bandwidth-target case (hardware counters; clocks left alone).
 if [ -n "${NCU:-}" ]; then

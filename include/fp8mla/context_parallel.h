@@ -109,9 +109,9 @@ class ContextParallelPlan {
 };
 
 // Shards `full` for comm's rank of comm's world (shard_context), plans the shard on comm's
-// device, and allocates the exchange buffers (for options.max_total_q rows in graph mode).
-// `comm` must outlive the plan. Errors: those of shard_context() and plan(), and
-// invalid_argument when full.device is not cuda or full.device_id is not comm's device.
+// device, and allocates the exchange buffers (total_q x H rows). `comm` must outlive the plan
+// and stay where it is (the plan keeps its address). Errors: those of shard_context() and
+// plan(), and invalid_argument when full.device is not cuda or full.device_id is not comm's.
 ContextParallelPlan plan_context_parallel(const Problem& full, const NcclComm& comm,
                                           const PlanOptions& options = {});
 
