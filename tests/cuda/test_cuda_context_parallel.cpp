@@ -115,6 +115,10 @@ void check_ranks(const CpCase& k, bool graph) {
       expect_matches(d, ref, tag);
       return;
     }
+    // A first run outside capture: NCCL connects its ranks at their first collective.
+    run_context_parallel(cp, args);
+    gputest::check_cuda(cudaStreamSynchronize(stream.s));
+    d.poison_all();
     CapturedGraph g(
         stream.s, [&] { run_context_parallel(cp, args); }, cudaStreamCaptureModeThreadLocal);
     g.replay();
