@@ -221,6 +221,26 @@ fp8mla::RunArgs run_args(Args& keep, KvFormat format, nb::handle q_nope, nb::han
   return a;
 }
 
+// replan() and replan_context_parallel(): a plan and the Problem's arguments.
+template <class P, void (*Replan)(P&, const fp8mla::Problem&)>
+void def_replan(nb::module_& m, const char* name) {
+  m.def(
+      name,
+      [](P& p, nb::handle qo_indptr, nb::handle kv_indptr, nb::handle kv_indices, nb::handle kv_len,
+         int num_heads, int page_size, std::int64_t num_pages, KvFormat kv_format, bool causal,
+         float sm_scale, int topk, nb::handle sparse_indices, const std::string& device,
+         int device_id) {
+        ProblemArgs pa;
+        fill_problem(pa, qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size, num_pages,
+                     kv_format, causal, sm_scale, topk, sparse_indices, device, device_id);
+        nb::gil_scoped_release release;
+        Replan(p, pa.problem);
+      },
+      "plan"_a, "qo_indptr"_a.none(), "kv_indptr"_a.none(), "kv_indices"_a.none(),
+      "kv_len"_a.none(), "num_heads"_a, "page_size"_a, "num_pages"_a, "kv_format"_a, "causal"_a,
+      "sm_scale"_a, "topk"_a, "sparse_indices"_a.none(), "device"_a, "device_id"_a);
+}
+
 void translate_error(const std::exception_ptr& e, void*) {
   try {
     std::rethrow_exception(e);
@@ -332,21 +352,7 @@ NB_MODULE(_fp8mla, m) {
       "num_heads"_a, "page_size"_a, "num_pages"_a, "kv_format"_a, "causal"_a, "sm_scale"_a,
       "topk"_a, "sparse_indices"_a.none(), "device"_a, "device_id"_a, "options"_a);
 
-  m.def(
-      "replan",
-      [](fp8mla::Plan& p, nb::handle qo_indptr, nb::handle kv_indptr, nb::handle kv_indices,
-         nb::handle kv_len, int num_heads, int page_size, std::int64_t num_pages,
-         KvFormat kv_format, bool causal, float sm_scale, int topk, nb::handle sparse_indices,
-         const std::string& device, int device_id) {
-        ProblemArgs pa;
-        fill_problem(pa, qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size, num_pages,
-                     kv_format, causal, sm_scale, topk, sparse_indices, device, device_id);
-        nb::gil_scoped_release release;
-        fp8mla::replan(p, pa.problem);
-      },
-      "plan"_a, "qo_indptr"_a.none(), "kv_indptr"_a.none(), "kv_indices"_a.none(),
-      "kv_len"_a.none(), "num_heads"_a, "page_size"_a, "num_pages"_a, "kv_format"_a, "causal"_a,
-      "sm_scale"_a, "topk"_a, "sparse_indices"_a.none(), "device"_a, "device_id"_a);
+  def_replan<fp8mla::Plan, &fp8mla::replan>(m, "replan");
 
   m.def(
       "run",
@@ -392,8 +398,10 @@ NB_MODULE(_fp8mla, m) {
           [](fp8mla::NcclComm* self, nb::bytes id, int rank, int world, int device_id) {
             fp8mla::NcclId nid;
             if (id.size() != nid.bytes.size())
-              bad("id", "expected " + std::to_string(nid.bytes.size()) + " bytes (from "
-                        "nccl_unique_id()), got " + std::to_string(id.size()));
+              bad("id", "expected " + std::to_string(nid.bytes.size()) +
+                            " bytes (from "
+                            "nccl_unique_id()), got " +
+                            std::to_string(id.size()));
             std::memcpy(nid.bytes.data(), id.c_str(), nid.bytes.size());
             nb::gil_scoped_release release;  // blocks until every rank has joined
             new (self) fp8mla::NcclComm(nid, rank, world, device_id);
@@ -419,15 +427,17 @@ NB_MODULE(_fp8mla, m) {
       .def_prop_ro("world", [](const fp8mla::ContextParallelPlan& p) { return p.comm().world(); })
       .def_prop_ro("device_id",
                    [](const fp8mla::ContextParallelPlan& p) { return p.comm().device_id(); })
-      .def_prop_ro("kv_len", [](const fp8mla::ContextParallelPlan& p) { return p.shard().kv_len; },
-                   "this rank's tokens per request");
+      .def_prop_ro(
+          "kv_len", [](const fp8mla::ContextParallelPlan& p) { return p.shard().kv_len; },
+          "this rank's tokens per request");
 
   m.def(
       "plan_context_parallel",
       [](const fp8mla::NcclComm& comm, nb::handle qo_indptr, nb::handle kv_indptr,
          nb::handle kv_indices, nb::handle kv_len, int num_heads, int page_size,
          std::int64_t num_pages, KvFormat kv_format, bool causal, float sm_scale, int topk,
-         nb::handle sparse_indices, const std::string& device, int device_id, const nb::dict& options) {
+         nb::handle sparse_indices, const std::string& device, int device_id,
+         const nb::dict& options) {
         ProblemArgs pa;
         fill_problem(pa, qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size, num_pages,
                      kv_format, causal, sm_scale, topk, sparse_indices, device, device_id);
@@ -440,21 +450,8 @@ NB_MODULE(_fp8mla, m) {
       "kv_len"_a.none(), "num_heads"_a, "page_size"_a, "num_pages"_a, "kv_format"_a, "causal"_a,
       "sm_scale"_a, "topk"_a, "sparse_indices"_a.none(), "device"_a, "device_id"_a, "options"_a);
 
-  m.def(
-      "replan_context_parallel",
-      [](fp8mla::ContextParallelPlan& p, nb::handle qo_indptr, nb::handle kv_indptr,
-         nb::handle kv_indices, nb::handle kv_len, int num_heads, int page_size,
-         std::int64_t num_pages, KvFormat kv_format, bool causal, float sm_scale, int topk,
-         nb::handle sparse_indices, const std::string& device, int device_id) {
-        ProblemArgs pa;
-        fill_problem(pa, qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size, num_pages,
-                     kv_format, causal, sm_scale, topk, sparse_indices, device, device_id);
-        nb::gil_scoped_release release;
-        fp8mla::replan_context_parallel(p, pa.problem);
-      },
-      "plan"_a, "qo_indptr"_a.none(), "kv_indptr"_a.none(), "kv_indices"_a.none(),
-      "kv_len"_a.none(), "num_heads"_a, "page_size"_a, "num_pages"_a, "kv_format"_a, "causal"_a,
-      "sm_scale"_a, "topk"_a, "sparse_indices"_a.none(), "device"_a, "device_id"_a);
+  def_replan<fp8mla::ContextParallelPlan, &fp8mla::replan_context_parallel>(
+      m, "replan_context_parallel");
 
   m.def(
       "run_context_parallel",
@@ -462,8 +459,8 @@ NB_MODULE(_fp8mla, m) {
          nb::handle kpe, nb::handle out, nb::handle lse, float ckv_scale, float kpe_scale,
          std::uintptr_t stream) {
         Args keep;
-        const fp8mla::RunArgs a = run_args(keep, p.local().kv_format(), q_nope, q_pe, ckv, kpe,
-                                           out, lse, ckv_scale, kpe_scale, stream);
+        const fp8mla::RunArgs a = run_args(keep, p.local().kv_format(), q_nope, q_pe, ckv, kpe, out,
+                                           lse, ckv_scale, kpe_scale, stream);
         nb::gil_scoped_release release;
         fp8mla::run_context_parallel(p, a);
       },
