@@ -126,9 +126,10 @@ void replan_context_parallel(ContextParallelPlan& plan, const Problem& full);
 // args.out / args.lse. `args` are run()'s for the full batch: q, out and lse hold all total_q
 // rows (out and lse dense over their [total_q, H] rows: stride[0] = H x stride[1]); kv is this
 // rank's cache view, which must hold its shard's pages (ids as in the full page table). Every
-// rank calls it, in the same order as its other collectives on the communicator. No allocation
-// and no host synchronisation: capturable in a CUDA graph. Errors: run()'s and merge_states()'s
-// checks, invalid_argument for out / lse rows that are not dense, cuda_error when NCCL fails.
+// rank calls it, in the same order as its other collectives on the communicator; a plan's
+// exchange buffers serve one run at a time (as a Plan's workspace). No allocation and no host
+// synchronisation: capturable in a CUDA graph. Errors: run()'s and merge_states()'s checks,
+// invalid_argument for out / lse rows that are not dense, cuda_error when NCCL fails.
 void run_context_parallel(const ContextParallelPlan& plan, const RunArgs& args);
 
 }  // namespace fp8mla

@@ -250,8 +250,9 @@ def nccl_unique_id():
     makes it and sends it to the others (e.g. with torch.distributed.broadcast_object_list). The
     process that makes it serves the group's bootstrap until every rank has joined.
 
-    NCCL is loaded at run time: the process's own libnccl.so.2 (PyTorch's, once torch has
-    loaded it), else FP8MLA_NCCL_LIBRARY, else the loader's. RuntimeError when none loads.
+    NCCL is loaded at run time: FP8MLA_NCCL_LIBRARY when set, else the process's own
+    libnccl.so.2 (PyTorch's, once torch has loaded it), else the loader's. RuntimeError when
+    none loads.
     NcclComm(id, rank, world, device_id) joins the group (blocking until every rank has);
     NcclComm.borrow(nccl_comm, device_id) wraps an ncclComm_t the caller owns (an int).
     """
