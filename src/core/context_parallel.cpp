@@ -8,7 +8,9 @@
 
 #include "src/core/backend.h"
 #include "src/core/check.h"
+#include "src/core/context_parallel_run.h"
 #include "src/core/nccl.h"
+#include "src/core/plan_state.h"
 
 namespace fp8mla {
 
@@ -178,53 +180,65 @@ void replan_context_parallel(ContextParallelPlan& plan, const Problem& full) {
   replan(s.local, s.shard.problem);
 }
 
-void run_context_parallel(const ContextParallelPlan& plan, const RunArgs& args) {
-  const ContextParallelPlan::State& s = plan.state();
-  const std::int64_t tq = s.local.total_q(), h = s.local.num_heads(), rows = s.rows;
+namespace detail {
+
+void run_sharded(const Plan& local, int rank, int world, const ExchangeBuffers& x,
+                 const RunArgs& args, const AllGather& all_gather) {
+  const std::int64_t tq = local.total_q(), h = local.num_heads(), rows = x.rows;
   if (tq == 0) return;
-  const int dev = s.comm->device_id(), world = s.comm->world(), rank = s.comm->rank();
-  check_tensor(args.out, "out", {DType::bf16}, {tq, h, kDimCkv}, DeviceKind::cuda, dev);
+  const DeviceKind device = local.device();
+  const int dev = local.state().device_id;
+  check_tensor(args.out, "out", {DType::bf16}, {tq, h, kDimCkv}, device, dev);
   require(args.out.stride[0] == h * args.out.stride[1], "out.stride[0]",
           "the rows must be dense for the merge: expected ", h * args.out.stride[1], ", got ",
           args.out.stride[0]);
   if (args.lse.defined()) {
-    check_tensor(args.lse, "lse", {DType::f32}, {tq, h}, DeviceKind::cuda, dev);
+    check_tensor(args.lse, "lse", {DType::f32}, {tq, h}, device, dev);
     require(args.lse.stride[0] == h, "lse.stride[0]",
             "the rows must be dense for the merge: expected ", h, ", got ", args.lse.stride[0]);
   }
 
   // This rank's partials, straight into its slot of the world-major exchange buffers.
-  auto* out_all = static_cast<std::uint16_t*>(s.out.ptr);
-  auto* lse_all = static_cast<float*>(s.lse.ptr);
-  RunArgs local = args;
-  local.out = make_view(out_all + rank * rows * kDimCkv, DType::bf16, {tq, h, kDimCkv},
-                        DeviceKind::cuda, dev);
-  local.lse = make_view(lse_all + rank * rows, DType::f32, {tq, h}, DeviceKind::cuda, dev);
-  run(s.local, local);
-
-  // In place: each rank's send buffer is its own slot of the receive buffer.
-  const detail::NcclApi& api = nccl();
-  void* comm = s.comm->handle();
-  nccl_check(api.group_start(), "ncclGroupStart");
-  const int gathered =
-      api.all_gather(local.out.data, out_all, static_cast<std::size_t>(rows * kDimCkv),
-                     detail::kNcclBfloat16, comm, args.stream);
-  const int gathered_lse = api.all_gather(local.lse.data, lse_all, static_cast<std::size_t>(rows),
-                                          detail::kNcclFloat32, comm, args.stream);
-  nccl_check(api.group_end(), "ncclGroupEnd");
-  nccl_check(gathered, "ncclAllGather(out)");
-  nccl_check(gathered_lse, "ncclAllGather(lse)");
+  RunArgs mine = args;
+  mine.out = make_view(x.out + rank * rows * kDimCkv, DType::bf16, {tq, h, kDimCkv}, device, dev);
+  mine.lse = make_view(x.lse + rank * rows, DType::f32, {tq, h}, device, dev);
+  run(local, mine);
+  all_gather(x);
 
   TensorView lse_out;
   if (args.lse.defined())
-    lse_out = make_strided_view(args.lse.data, DType::f32, {rows}, {1}, DeviceKind::cuda, dev);
-  merge_states(
-      make_strided_view(out_all, DType::bf16, {rows, world, kDimCkv}, {kDimCkv, rows * kDimCkv, 1},
-                        DeviceKind::cuda, dev),
-      make_strided_view(lse_all, DType::f32, {rows, world}, {1, rows}, DeviceKind::cuda, dev),
-      make_strided_view(args.out.data, DType::bf16, {rows, kDimCkv}, {args.out.stride[1], 1},
-                        DeviceKind::cuda, dev),
-      lse_out, args.stream);
+    lse_out = make_strided_view(args.lse.data, DType::f32, {rows}, {1}, device, dev);
+  merge_states(make_strided_view(x.out, DType::bf16, {rows, world, kDimCkv},
+                                 {kDimCkv, rows * kDimCkv, 1}, device, dev),
+               make_strided_view(x.lse, DType::f32, {rows, world}, {1, rows}, device, dev),
+               make_strided_view(args.out.data, DType::bf16, {rows, kDimCkv},
+                                 {args.out.stride[1], 1}, device, dev),
+               lse_out, args.stream);
+}
+
+}  // namespace detail
+
+void run_context_parallel(const ContextParallelPlan& plan, const RunArgs& args) {
+  const ContextParallelPlan::State& s = plan.state();
+  const detail::ExchangeBuffers x{static_cast<std::uint16_t*>(s.out.ptr),
+                                  static_cast<float*>(s.lse.ptr), s.rows};
+  // In place: each rank's send buffer is its own slot of the receive buffer.
+  const auto nccl_all_gather = [&](const detail::ExchangeBuffers& b) {
+    const detail::NcclApi& api = nccl();
+    void* comm = s.comm->handle();
+    const std::int64_t r = s.comm->rank();
+    nccl_check(api.group_start(), "ncclGroupStart");
+    const int gathered = api.all_gather(b.out + r * b.rows * kDimCkv, b.out,
+                                        static_cast<std::size_t>(b.rows * kDimCkv),
+                                        detail::kNcclBfloat16, comm, args.stream);
+    const int gathered_lse =
+        api.all_gather(b.lse + r * b.rows, b.lse, static_cast<std::size_t>(b.rows),
+                       detail::kNcclFloat32, comm, args.stream);
+    nccl_check(api.group_end(), "ncclGroupEnd");
+    nccl_check(gathered, "ncclAllGather(out)");
+    nccl_check(gathered_lse, "ncclAllGather(lse)");
+  };
+  detail::run_sharded(s.local, s.comm->rank(), s.comm->world(), x, args, nccl_all_gather);
 }
 
 }  // namespace fp8mla

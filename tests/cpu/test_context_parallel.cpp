@@ -1,29 +1,66 @@
-// Context parallelism on one machine: every rank's shard is run (float64 reference), the
-// (out, lse) partials are stacked as NCCL's all-gather would lay them out ([world, rows, 512]
-// bf16, [world, rows] f32) and merged with merge_states over the world axis; the result must match
-// the unsharded run. Tolerance: the partials are rounded to bf16 before the merge (2^-9
-// relative each), so rel L2 <= 4e-3 on out and 1e-3 * max(1, |lse|) on lse.
+// Context parallelism on one machine: every rank is a thread with its shard's plan (float64
+// reference), and the library's run_context_parallel body (detail::run_sharded) runs with an
+// in-memory all-gather between the threads in place of NCCL's: each rank runs into its slot of
+// its world-major exchange buffers ([world, rows, 512] bf16, [world, rows] f32), copies the
+// others' slots, and merges. Every rank's result must match the unsharded run. Tolerance: the
+// partials are rounded to bf16 before the merge (2^-9 relative each), so rel L2 <= 4e-3 on out
+// and 1e-3 * max(1, |lse|) on lse.
 #include <gtest/gtest.h>
 
+#include <barrier>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "fp8mla/attention.h"
 #include "fp8mla/context_parallel.h"
 #include "fp8mla/error.h"
+#include "src/core/context_parallel_run.h"
 #include "src/core/nccl.h"
 #include "tests/common/test_util.h"
 
 namespace fp8mla {
 namespace {
 
-test::HostOutput run_reference(test::RandomCase& c, const Problem& problem) {
+PlanOptions reference_options() {
   PlanOptions o;
   o.cpu_reference = true;
+  return o;
+}
+
+test::HostOutput run_reference(test::RandomCase& c, const Problem& problem) {
   test::HostOutput out(c);
-  run(plan(problem, o), c.host_args(out));
+  run(plan(problem, reference_options()), c.host_args(out));
   return out;
 }
+
+// The exchange buffers of `world` ranks on the host, and an all-gather between their threads.
+struct HostExchange {
+  int world;
+  std::int64_t rows;
+  std::vector<std::vector<std::uint16_t>> out;  // [rank][world x rows x 512]
+  std::vector<std::vector<float>> lse;          // [rank][world x rows]
+  std::barrier<> sync;
+  HostExchange(int w, std::int64_t r)
+      : world(w),
+        rows(r),
+        out(w, std::vector<std::uint16_t>(static_cast<std::size_t>(w * r * kDimCkv), 0x7fc1)),
+        lse(w, std::vector<float>(static_cast<std::size_t>(w * r), -1.0f)),
+        sync(w) {}
+  detail::ExchangeBuffers buffers(int rank) { return {out[rank].data(), lse[rank].data(), rows}; }
+  // Rank `rank`'s all-gather: once every rank has run, copy the others' slots.
+  void all_gather(int rank) {
+    sync.arrive_and_wait();
+    for (int r = 0; r < world; ++r) {
+      if (r == rank) continue;
+      const std::int64_t o = r * rows * kDimCkv, l = r * rows;
+      std::copy(out[r].begin() + o, out[r].begin() + o + rows * kDimCkv, out[rank].begin() + o);
+      std::copy(lse[r].begin() + l, lse[r].begin() + l + rows, lse[rank].begin() + l);
+    }
+    sync.arrive_and_wait();  // nobody's slot changes while another rank still copies it
+  }
+};
 
 TEST(ContextParallel, ShardedRunsMergeToTheFullResult) {
   const struct {
@@ -49,37 +86,72 @@ TEST(ContextParallel, ShardedRunsMergeToTheFullResult) {
     const Problem full = c.problem();
     test::HostOutput want = run_reference(c, full);
 
-    const std::int64_t rows = c.rows();
-    std::vector<std::uint16_t> parts(static_cast<std::size_t>(k.world * rows * kDimCkv));
-    std::vector<float> lses(static_cast<std::size_t>(k.world * rows));
-    std::int64_t covered = 0;
-    for (int rank = 0; rank < k.world; ++rank) {
-      ContextShard shard;
-      shard_context(full, rank, k.world, shard);
-      for (std::int32_t len : shard.kv_len) covered += len;
-      test::HostOutput part = run_reference(c, shard.problem);
-      std::copy(part.out().begin(), part.out().end(), parts.begin() + rank * rows * kDimCkv);
-      std::copy(part.lse().begin(), part.lse().end(), lses.begin() + rank * rows);
-    }
-    std::int64_t total = 0;
+    HostExchange x(k.world, c.rows());
+    std::vector<test::HostOutput> got;
+    for (int rank = 0; rank < k.world; ++rank) got.emplace_back(c, 64);
+    std::vector<std::int64_t> covered(k.world, 0);
+    std::vector<std::string> failures(k.world);
+    std::vector<std::thread> ranks;
+    for (int rank = 0; rank < k.world; ++rank)
+      ranks.emplace_back([&, rank] {
+        bool gathered = false;
+        try {
+          ContextShard shard;
+          shard_context(full, rank, k.world, shard);
+          for (std::int32_t len : shard.kv_len) covered[rank] += len;
+          const Plan local = plan(shard.problem, reference_options());
+          detail::run_sharded(local, rank, k.world, x.buffers(rank), c.host_args(got[rank]),
+                              [&](const detail::ExchangeBuffers&) {
+                                gathered = true;
+                                x.all_gather(rank);
+                              });
+        } catch (const std::exception& e) {
+          failures[rank] = e.what();
+          if (!gathered) x.sync.arrive_and_drop();  // the others must not wait for this rank
+        }
+      });
+    for (std::thread& t : ranks) t.join();
+    std::int64_t total = 0, shards = 0;
     for (std::int32_t len : c.kv_len) total += len;
-    EXPECT_EQ(covered, total) << "shards must cover every token exactly once";
+    for (std::int64_t n : covered) shards += n;
+    EXPECT_EQ(shards, total) << "shards must cover every token exactly once";
 
-    // [rows, world, D] view of the world-major buffers, as merge_states takes them.
-    std::vector<float> merged(static_cast<std::size_t>(rows * kDimCkv)), merged_lse(rows);
-    merge_states(make_strided_view(parts.data(), DType::bf16, {rows, k.world, kDimCkv},
-                                   {kDimCkv, rows * kDimCkv, 1}),
-                 make_strided_view(lses.data(), DType::f32, {rows, k.world}, {1, rows}),
-                 make_view(merged.data(), DType::f32, {rows, kDimCkv}),
-                 make_view(merged_lse.data(), DType::f32, {rows}));
-    std::vector<float> want_out(merged.size());
-    for (std::size_t i = 0; i < want_out.size(); ++i) want_out[i] = bf16_to_float(want.out()[i]);
-    const test::Comparison co = test::compare_f32(merged, want_out);
-    const test::LseComparison cl = test::compare_lse(merged_lse, want.lse());
-    EXPECT_TRUE(co.nan_ok()) << test::describe(s) << ": " << test::describe(co);
-    EXPECT_LE(co.rel_l2, 4e-3) << test::describe(s) << ": " << test::describe(co);
-    EXPECT_TRUE(cl.positions_ok()) << test::describe(s) << ": " << test::describe(cl);
-    EXPECT_LE(cl.max_err, 1e-3) << test::describe(s) << ": " << test::describe(cl);
+    for (int rank = 0; rank < k.world; ++rank) {
+      const std::string what = test::describe(s) + ", rank " + std::to_string(rank);
+      ASSERT_EQ(failures[rank], "") << what;
+      const test::Comparison co = test::compare_bf16(got[rank].out(), want.out());
+      const test::LseComparison cl = test::compare_lse(got[rank].lse(), want.lse());
+      EXPECT_TRUE(co.nan_ok()) << what << ": " << test::describe(co);
+      EXPECT_LE(co.rel_l2, 4e-3) << what << ": " << test::describe(co);
+      EXPECT_TRUE(cl.positions_ok()) << what << ": " << test::describe(cl);
+      EXPECT_LE(cl.max_err, 1e-3) << what << ": " << test::describe(cl);
+      EXPECT_TRUE(got[rank].guards_intact()) << what << ": wrote outside out / lse";
+    }
+  }
+}
+
+// run_sharded's checks name the argument: rows that are not dense cannot take the merge. Nothing
+// runs or is exchanged before the checks.
+TEST(ContextParallel, ShardedRunsRejectRowsThatAreNotDense) {
+  test::ProblemSpec s;
+  s.seed = 48;
+  test::RandomCase c = test::make_case(s);
+  const Plan local = plan(c.problem(), reference_options());
+  HostExchange x(1, c.rows());
+  test::HostOutput out(c);
+  const auto no_exchange = [](const detail::ExchangeBuffers&) { FAIL() << "exchanged"; };
+  RunArgs strided = c.host_args(out);
+  strided.out.stride[0] += kDimCkv;
+  RunArgs strided_lse = c.host_args(out);
+  strided_lse.lse.stride[0] += 1;
+  for (const auto& [args, name] :
+       {std::pair{strided, "out.stride[0]"}, std::pair{strided_lse, "lse.stride[0]"}}) {
+    try {
+      detail::run_sharded(local, 0, 1, x.buffers(0), args, no_exchange);
+      ADD_FAILURE() << name << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), name) << e.what();
+    }
   }
 }
 
