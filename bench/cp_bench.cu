@@ -113,12 +113,15 @@ struct CpRunner {
         make_view(out.as<std::uint16_t>() + rows * 512, DType::bf16, {1, heads, 512}, cuda, dev);
     cp_args.lse = make_view(lse.as<float>() + rows, DType::f32, {1, heads}, cuda, dev);
 
+    PlanOptions po;
+    if (o.min_chunk_tokens > 0) po.min_chunk_tokens = o.min_chunk_tokens;
+    po.exact_scores = o.exact_scores;
     std::vector<ContextParallelPlan> cps;
-    for (int v = 0; v < regions; ++v) cps.push_back(plan_context_parallel(problem(v), comm));
+    for (int v = 0; v < regions; ++v) cps.push_back(plan_context_parallel(problem(v), comm, po));
     CpResult r{f, heads, ps, ctx};
     std::vector<Plan> ones;  // rank 0's, on its GPU alone
     if (lead)
-      for (int v = 0; v < regions; ++v) ones.push_back(plan(problem(v)));
+      for (int v = 0; v < regions; ++v) ones.push_back(plan(problem(v), po));
 
     // First, outside capture (NCCL connects its ranks at their first collective): region 0
     // merged over the ranks against region 0 on one GPU.

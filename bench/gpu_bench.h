@@ -39,6 +39,8 @@ struct CpBenchOptions {
   std::vector<KvFormat> formats;  // empty = {fp8_e4m3}
   std::string json_path;          // rank 0 writes the results here when not empty
   bool progress = true;           // rank 0 shows progress on stderr
+  int min_chunk_tokens = 0;       // > 0: PlanOptions::min_chunk_tokens of every plan
+  bool exact_scores = false;      // PlanOptions::exact_scores of every plan
 };
 
 // Runs this rank's part; rank 0 prints the table. Returns 0, or 1 when a merged result missed

@@ -274,6 +274,7 @@ int run_bench(std::span<const std::string_view> argv) {
     if (o.cp < 1) throw UsageError("fp8mla bench: --cp-rank: only with --cp");
     if (ap.given("batch"))
       throw UsageError("fp8mla bench: --batch: not with --cp (it times one request, batch 1)");
+    if (o.no_baselines) throw UsageError("fp8mla bench: --no-baselines: --cp runs no baselines");
     if (o.device == "cpu") throw UsageError("fp8mla bench: --device cpu: --cp runs on CUDA GPUs");
     if (o.cp_rank < 0) return launch_ranks(o.cp, argv);
     if (o.cp_rank >= o.cp)
@@ -289,6 +290,8 @@ int run_bench(std::span<const std::string_view> argv) {
     for (const std::string& f : o.formats) c.formats.push_back(parse_format(f));
     c.json_path = o.json;
     c.progress = !o.no_progress;
+    c.min_chunk_tokens = o.min_chunk;
+    c.exact_scores = o.exact_scores;
     return bench::run_cp_bench(c);
   }
 
