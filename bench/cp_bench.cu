@@ -192,7 +192,7 @@ int run_cp_bench(const CpBenchOptions& o) {
         "context's bytes at that rate\n\n",
         o.world, o.world, read_gbs);
     std::printf("%-9s %5s %4s %8s %10s %10s %8s %9s %7s %9s %9s\n", "format", "heads", "page",
-                "ctx", "1 GPU us", msg(o.world, " GPUs us").c_str(), "speedup", "floor us",
+                "ctx", "1 GPU us", msg("cp x", o.world, " us").c_str(), "speedup", "floor us",
                 "%floor", "rel L2", "lse err");
   }
   const CpRunner runner{o, comm, s, read_gbs};
