@@ -77,7 +77,7 @@ struct CpRunner {
   const CpBenchOptions& o;
   const NcclComm& comm;
   cudaStream_t s;
-  double read_gbs;
+  double read_gbs;  // rank 0's (other ranks report nothing)
 
   CpResult run(KvFormat f, int heads, int ps, int ctx) const {
     const int dev = comm.device_id(), regions = o.quick ? 2 : 4, reps = o.quick ? 5 : 15;
@@ -140,7 +140,8 @@ struct CpRunner {
       for (int v = 0; v < regions; ++v) run_context_parallel(cps[v], cp_args);
     });
     const double share = static_cast<double>((per_req + comm.world() - 1) / comm.world()) * ps;
-    r.floor_us = std::min<double>(share, ctx) * static_cast<double>(tb) / (read_gbs * 1e3);
+    if (lead)
+      r.floor_us = std::min<double>(share, ctx) * static_cast<double>(tb) / (read_gbs * 1e3);
     return r;
   }
 };
@@ -169,8 +170,8 @@ int run_cp_bench(const CpBenchOptions& o) {
   const bool lead = o.rank == 0;
   cudaStream_t s;
   FP8MLA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  double read_gbs = 0;
-  {
+  double read_gbs = 0;  // rank 0's GPU: only rank 0 reports
+  if (lead) {
     std::size_t free_b = 0, total_b = 0;
     FP8MLA_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     const std::size_t bytes = std::min<std::size_t>(std::size_t{8} << 30, free_b / 4);
