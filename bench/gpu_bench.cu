@@ -31,7 +31,7 @@ struct Ceilings {
 };
 
 struct CaseResult {
-  int batch, heads, context, page_size;
+  int batch, heads, context, qo_len, page_size;
   KvFormat format;
   std::string strategy;  // native | cast_pool | gather_cast
   double us = 0, gbs = 0, read_pct = 0, tfs = 0, mm_pct = 0;
@@ -76,7 +76,8 @@ Ceilings measure_ceilings(cudaStream_t s, std::uint8_t* big, std::size_t big_byt
   return c;
 }
 
-// One (batch, heads, context, page size, format) case: native, and for fp8 the two baselines.
+// One (batch, heads, context, query tokens a request, page size, format) case: native, and for
+// fp8 the two baselines.
 struct CaseRunner {
   cudaStream_t s;
   std::uint8_t* pool;
@@ -89,14 +90,14 @@ struct CaseRunner {
   int min_chunk_tokens;  // 0: the planner's default
   bool exact_scores;
 
-  std::vector<CaseResult> run(int bs, int heads, int ctx, int ps, KvFormat f) {
+  std::vector<CaseResult> run(int bs, int heads, int ctx, int qo, int ps, KvFormat f) {
     const std::int64_t tb = token_bytes(f);
     const std::int64_t pool_pages = static_cast<std::int64_t>(pool_bytes / (tb * ps));
     const std::int64_t per_req = (ctx + ps - 1) / ps, per_call = per_req * bs;
     const int variants = static_cast<int>(std::clamp<std::int64_t>(pool_pages / per_call, 1, 16));
     if (pool_pages < per_call) throw Error(ErrorCode::invalid_argument, "bench", "pool too small");
     const UniformBatch batch(bs, ctx, ps, variants,
-                             static_cast<std::uint64_t>(bs * 131 + heads * 17 + ctx + ps));
+                             static_cast<std::uint64_t>(bs * 131 + heads * 17 + ctx + ps), qo);
     const std::vector<std::vector<std::int32_t>>& indices = batch.regions;
     auto make_plan = [&](std::span<const std::int32_t> idx, KvFormat fmt, std::int64_t pages) {
       PlanOptions po;
@@ -107,35 +108,39 @@ struct CaseRunner {
     std::vector<Plan> plans;
     for (int v = 0; v < variants; ++v) plans.push_back(make_plan(indices[v], f, pool_pages));
 
-    // q [bs, H, 576] and outputs live at the end of scratch.
-    const std::int64_t q_elems = static_cast<std::int64_t>(bs) * heads * 576;
-    const std::int64_t o_elems = static_cast<std::int64_t>(bs) * heads * 512;
+    // q [bs x qo, H, 576] and outputs live at the end of scratch.
+    const std::int64_t total_q = std::int64_t{bs} * qo;
+    const std::int64_t q_elems = total_q * heads * 576;
+    const std::int64_t o_elems = total_q * heads * 512;
     auto* q = reinterpret_cast<std::uint16_t*>(scratch + scratch_bytes) - q_elems;
     auto* out = q - o_elems;
     auto* out_ref = out - o_elems;
-    auto* lse = reinterpret_cast<float*>(out_ref) - static_cast<std::int64_t>(bs) * heads - 64;
+    auto* lse = reinterpret_cast<float*>(out_ref) - total_q * heads - 64;
     std::uint8_t* bf16_area = scratch;
     const std::size_t bf16_bytes =
         static_cast<std::size_t>(reinterpret_cast<std::uint8_t*>(lse) - scratch) &
         ~std::size_t{255};
     fill_bf16(s, q, q_elems, 3);
     RunArgs args;
-    args.q_nope = make_strided_view(q, DType::bf16, {bs, heads, 512}, {heads * 576, 576, 1},
+    args.q_nope = make_strided_view(q, DType::bf16, {total_q, heads, 512}, {heads * 576, 576, 1},
                                     DeviceKind::cuda);
-    args.q_pe = make_strided_view(q + 512, DType::bf16, {bs, heads, 64}, {heads * 576, 576, 1},
+    args.q_pe = make_strided_view(q + 512, DType::bf16, {total_q, heads, 64}, {heads * 576, 576, 1},
                                   DeviceKind::cuda);
-    args.out = make_view(out, DType::bf16, {bs, heads, 512}, DeviceKind::cuda);
-    args.lse = make_view(lse, DType::f32, {bs, heads}, DeviceKind::cuda);
+    args.out = make_view(out, DType::bf16, {total_q, heads, 512}, DeviceKind::cuda);
+    args.lse = make_view(lse, DType::f32, {total_q, heads}, DeviceKind::cuda);
     args.kv = cache_view(pool, f, pool_pages, ps);
     args.stream = s;
 
+    // Bytes: every context token once. Score pairs: query token i of qo sees ctx - qo + 1 + i
+    // tokens (causal), qo ctx - qo (qo - 1) / 2 in all.
     const std::int64_t active = static_cast<std::int64_t>(bs) * ctx;
     const double bytes = static_cast<double>(active) * static_cast<double>(tb);
-    const double flops = 2.0 * active * heads * (576.0 + 512.0);
+    const double pairs = bs * (double(qo) * ctx - double(qo) * (qo - 1) / 2);
+    const double flops = 2.0 * pairs * heads * (576.0 + 512.0);
     const int reps = quick ? 5 : 15;
     std::vector<CaseResult> results;
     auto record = [&](const std::string& strategy, double us) {
-      CaseResult r{bs, heads, ctx, ps, f, strategy, us};
+      CaseResult r{bs, heads, ctx, qo, ps, f, strategy, us};
       r.gbs = bytes / (us * 1e3);
       r.read_pct = 100.0 * r.gbs / ceil.read_gbs;
       r.tfs = flops / (us * 1e6);
@@ -157,7 +162,7 @@ struct CaseRunner {
     Plan cast_plan = make_plan(indices[0], KvFormat::bf16, cast_pages);
     RunArgs bargs = args;
     bargs.kv = dst;
-    bargs.out = make_view(out_ref, DType::bf16, {bs, heads, 512}, DeviceKind::cuda);
+    bargs.out = make_view(out_ref, DType::bf16, {total_q, heads, 512}, DeviceKind::cuda);
     record("cast_pool", time_captured(s, 1, reps, [&] {
              baselines::cuda_cast_pool_to_bf16(src, dst, s);
              fp8mla::run(cast_plan, bargs);
@@ -208,9 +213,10 @@ void write_json(const std::string& path, const Ceilings& c, const std::vector<Ca
   for (std::size_t i = 0; i < rs.size(); ++i) {
     const CaseResult& r = rs[i];
     f << "    {\"batch\": " << r.batch << ", \"heads\": " << r.heads
-      << ", \"context\": " << r.context << ", \"page_size\": " << r.page_size << ", \"format\": \""
-      << format_name(r.format) << "\", \"strategy\": \"" << r.strategy << "\", \"us\": " << r.us
-      << ", \"gbs\": " << r.gbs << ", \"read_pct\": " << r.read_pct << ", \"tfs\": " << r.tfs
+      << ", \"context\": " << r.context << ", \"qo_len\": " << r.qo_len
+      << ", \"page_size\": " << r.page_size << ", \"format\": \"" << format_name(r.format)
+      << "\", \"strategy\": \"" << r.strategy << "\", \"us\": " << r.us << ", \"gbs\": " << r.gbs
+      << ", \"read_pct\": " << r.read_pct << ", \"tfs\": " << r.tfs
       << ", \"matmul_pct\": " << r.mm_pct << ", \"check_rel_l2\": " << r.check << "}"
       << (i + 1 < rs.size() ? "," : "") << "\n";
   }
@@ -265,13 +271,14 @@ int run_gpu_bench(const GpuBenchOptions& o) {
     }
   }
   const std::vector<int> pss = o.page_sizes.empty() ? std::vector<int>{64, 1} : o.page_sizes;
+  const std::vector<int> qos = o.qo_lens.empty() ? std::vector<int>{1} : o.qo_lens;
   const std::vector<KvFormat> fmts =
       o.formats.empty() ? std::vector<KvFormat>{KvFormat::fp8_e4m3, KvFormat::bf16} : o.formats;
   CaseRunner runner{s,           pool,    pool_bytes,         scratch,       scratch_bytes, ceil,
                     o.baselines, o.quick, o.min_chunk_tokens, o.exact_scores};
   std::vector<CaseResult> all;
   int done = 0;
-  const int total = static_cast<int>(shapes.size() * pss.size() * fmts.size());
+  const int total = static_cast<int>(shapes.size() * qos.size() * pss.size() * fmts.size());
   KvFormat filled = KvFormat::bf16;
   bool any = false;
   for (KvFormat f : fmts) {
@@ -282,18 +289,21 @@ int run_gpu_bench(const GpuBenchOptions& o) {
       any = true;
     }
     for (int ps : pss)
-      for (const Shape& sh : shapes) {
-        if (o.progress)
-          std::fprintf(stderr, "[%d/%d] bs=%d heads=%d ctx=%d page=%d %s\n", ++done, total, sh.bs,
-                       sh.heads, sh.ctx, ps, format_name(f));
-        for (CaseResult& r : runner.run(sh.bs, sh.heads, sh.ctx, ps, f)) all.push_back(r);
-      }
+      for (const Shape& sh : shapes)
+        for (int qo : qos) {
+          if (o.progress)
+            std::fprintf(stderr, "[%d/%d] bs=%d heads=%d ctx=%d qo=%d page=%d %s\n", ++done, total,
+                         sh.bs, sh.heads, sh.ctx, qo, ps, format_name(f));
+          for (CaseResult& r : runner.run(sh.bs, sh.heads, sh.ctx, qo, ps, f)) all.push_back(r);
+        }
   }
-  std::printf("\n%-4s %-5s %-7s %-4s %-9s %-12s %9s %8s %7s %8s %7s %9s\n", "bs", "heads", "ctx",
-              "page", "format", "strategy", "us", "GB/s", "%read", "TF/s", "%mm", "check");
+  // qo: query tokens a request (1: decode; more: causal MTP / speculative verify).
+  std::printf("\n%-4s %-5s %-7s %-3s %-4s %-9s %-12s %9s %8s %7s %8s %7s %9s\n", "bs", "heads",
+              "ctx", "qo", "page", "format", "strategy", "us", "GB/s", "%read", "TF/s", "%mm",
+              "check");
   for (const CaseResult& r : all) {
-    std::printf("%-4d %-5d %-7d %-4d %-9s %-12s %9.1f %8.0f %6.1f%% %8.1f %6.1f%% %9s\n", r.batch,
-                r.heads, r.context, r.page_size,
+    std::printf("%-4d %-5d %-7d %-3d %-4d %-9s %-12s %9.1f %8.0f %6.1f%% %8.1f %6.1f%% %9s\n",
+                r.batch, r.heads, r.context, r.qo_len, r.page_size,
                 r.format == KvFormat::fp8_e4m3 ? "fp8" : format_name(r.format), r.strategy.c_str(),
                 r.us, r.gbs, r.read_pct, r.tfs, r.mm_pct,
                 r.check < 0 ? "-" : msg(r.check).substr(0, 8).c_str());

@@ -15,6 +15,7 @@ struct GpuBenchOptions {
   std::vector<int> heads;
   std::vector<int> contexts;
   std::vector<int> page_sizes;    // empty = {64, 1}
+  std::vector<int> qo_lens;       // query tokens a request, <= every context; empty = {1}
   std::vector<KvFormat> formats;  // empty = {fp8_e4m3, bf16}
   bool baselines = true;          // also time cast-whole-pool and gather-then-cast
   std::string json_path;          // write results here when not empty

@@ -129,11 +129,12 @@ KvCacheView cache_view(std::uint8_t* base, KvFormat f, std::int64_t pages, int p
   return v;
 }
 
-UniformBatch::UniformBatch(int bs, int ctx, int ps, int n_regions, std::uint64_t seed)
+UniformBatch::UniformBatch(int bs, int ctx, int ps, int n_regions, std::uint64_t seed, int qo_len_)
     : qo_indptr(static_cast<std::size_t>(bs + 1)),
       kv_indptr(static_cast<std::size_t>(bs + 1)),
       kv_len(static_cast<std::size_t>(bs), ctx),
-      regions(static_cast<std::size_t>(n_regions)) {
+      regions(static_cast<std::size_t>(n_regions)),
+      qo_len(qo_len_) {
   const std::int32_t per_req = (ctx + ps - 1) / ps, per_call = per_req * bs;
   std::mt19937_64 rng(seed);
   for (std::vector<std::int32_t>& r : regions) {
@@ -141,7 +142,7 @@ UniformBatch::UniformBatch(int bs, int ctx, int ps, int n_regions, std::uint64_t
     std::iota(r.begin(), r.end(), static_cast<std::int32_t>(&r - regions.data()) * per_call);
     std::shuffle(r.begin(), r.end(), rng);
   }
-  for (int r = 0; r <= bs; ++r) qo_indptr[r] = r, kv_indptr[r] = r * per_req;
+  for (int r = 0; r <= bs; ++r) qo_indptr[r] = r * qo_len, kv_indptr[r] = r * per_req;
 }
 
 Problem UniformBatch::problem(std::span<const std::int32_t> indices, int heads, int ps,
@@ -151,7 +152,7 @@ Problem UniformBatch::problem(std::span<const std::int32_t> indices, int heads, 
   p.page_size = ps;
   p.num_pages = num_pages;
   p.kv_format = f;
-  p.causal = false;
+  p.causal = qo_len > 1;  // one token: the same either way (and as the earlier grids ran)
   p.sm_scale = 1.0f / std::sqrt(192.0f);
   p.qo_indptr = qo_indptr;
   p.kv_indptr = kv_indptr;

@@ -70,14 +70,16 @@ void fill_bf16(cudaStream_t s, std::uint16_t* p, std::int64_t n, std::uint64_t s
 KvCacheView cache_view(std::uint8_t* base, KvFormat f, std::int64_t pages, int ps,
                        int device_id = 0);
 
-// The benches' batches: `bs` requests of one query token and `ctx` tokens each, not causal,
-// sm_scale 1 / sqrt(192), and `regions` page tables over disjoint regions of the pool (region v:
-// pages [v n, (v + 1) n), n = bs x pages a request, in a random order from `seed`), so that
-// successive timed calls read different bytes.
+// The benches' batches: `bs` requests of `qo_len` query tokens and `ctx` tokens each (causal
+// when qo_len > 1: MTP / speculative verify; qo_len <= ctx), sm_scale 1 / sqrt(192), and
+// `regions` page tables over disjoint regions of the pool (region v: pages [v n, (v + 1) n),
+// n = bs x pages a request, in a random order from `seed`), so that successive timed calls read
+// different bytes.
 struct UniformBatch {
   std::vector<std::int32_t> qo_indptr, kv_indptr, kv_len;
   std::vector<std::vector<std::int32_t>> regions;
-  UniformBatch(int bs, int ctx, int ps, int regions, std::uint64_t seed);
+  int qo_len;
+  UniformBatch(int bs, int ctx, int ps, int regions, std::uint64_t seed, int qo_len = 1);
   // The Problem over page table `indices` (spans into this batch and `indices`).
   Problem problem(std::span<const std::int32_t> indices, int heads, int ps, std::int64_t num_pages,
                   KvFormat f, int device_id = 0) const;

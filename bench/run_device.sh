@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device lease: GPU tests, sanitizers on a small grid, the full bench (NO_BENCH=1 skips it),
-# the GPU demo, `fp8mla bench --cp 1 --quick`.
+# the GPU demo, `fp8mla bench --cp 1 --quick`, a short multi-token (MTP) bench.
 # Run from the repo root on the device machine with build-cuda/ carried; results go to $OUT.
 set -uo pipefail
 out=${OUT:-/tmp/fp8mla-out}
@@ -28,7 +28,14 @@ echo "demo rc=$?"; tail -12 "$out/demo_gpu.txt"
 timeout 90 build-cuda/tools/fp8mla/fp8mla bench --cp 1 --quick --json "$out/cp1.json" --no-progress \
   > "$out/cp1.txt" 2>&1
 echo "bench --cp 1 rc=$?"; tail -6 "$out/cp1.txt"
+# Multi-token causal decode (MTP / speculative verify: qo 2 and 4 query tokens a request) next
+# to plain decode: DeepSeek's 16 heads at TP8 and 128 (DP attention), fp8 cache.
+timeout 90 build-cuda/tools/fp8mla/fp8mla bench --quick --batch 1,64 --heads 8,16,128 --context 4096 \
+  --qo-len 1,2,4 --page-size 64 --format fp8_e4m3 --no-baselines --no-progress \
+  --json "$out/mtp.json" > "$out/mtp.txt" 2>&1
+echo "bench --qo-len rc=$?"
 [ -f "$out/bench.txt" ] && grep -E "ceil|native" "$out/bench.txt" | head -60
+[ -f "$out/mtp.txt" ] && grep native "$out/mtp.txt"
 # Where the time goes in the bandwidth-target case (hardware counters; clocks left alone).
 if [ -n "${NCU:-}" ]; then
   ncu --clock-control none --kernel-name regex:mla_decode --launch-count 1 \

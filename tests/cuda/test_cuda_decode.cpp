@@ -173,30 +173,32 @@ const GridCase kGrid[] = {
     {BF, 16, 4, 4, 1, 1, false, 1, 900, SP, 1.0f, 1.0f},
 };
 
+// A grid case's spec for one seed (an even seed fuses q_nope and q_pe into one buffer).
+test::ProblemSpec grid_spec(const GridCase& g, std::uint64_t seed) {
+  test::ProblemSpec s;
+  s.format = g.format;
+  s.num_heads = g.heads;
+  s.page_size = g.page_size;
+  s.batch = g.batch;
+  s.qo_len_min = g.qo_min;
+  s.qo_len_max = g.qo_max;
+  s.causal = g.causal;
+  s.kv_len_min = g.kv_min;
+  s.kv_len_max = g.kv_max;
+  s.empty_fraction = 0.1;
+  s.layout = g.layout;
+  s.ckv_scale = g.ckv_scale;
+  s.kpe_scale = g.kpe_scale;
+  s.fused_q = seed % 2 == 0;
+  s.seed = seed * 1000 + static_cast<std::uint64_t>(g.heads);
+  return s;
+}
+
 class CudaDecodeGrid : public ::testing::TestWithParam<GridCase> {};
 
 TEST_P(CudaDecodeGrid, MatchesReference) {
   SKIP_WITHOUT_GPU();
-  const GridCase g = GetParam();
-  for (std::uint64_t seed : {11u, 12u}) {
-    test::ProblemSpec s;
-    s.format = g.format;
-    s.num_heads = g.heads;
-    s.page_size = g.page_size;
-    s.batch = g.batch;
-    s.qo_len_min = g.qo_min;
-    s.qo_len_max = g.qo_max;
-    s.causal = g.causal;
-    s.kv_len_min = g.kv_min;
-    s.kv_len_max = g.kv_max;
-    s.empty_fraction = 0.1;
-    s.layout = g.layout;
-    s.ckv_scale = g.ckv_scale;
-    s.kpe_scale = g.kpe_scale;
-    s.fused_q = seed % 2 == 0;
-    s.seed = seed * 1000 + static_cast<std::uint64_t>(g.heads);
-    run_case(s);
-  }
+  for (std::uint64_t seed : {11u, 12u}) run_case(grid_spec(GetParam(), seed));
 }
 INSTANTIATE_TEST_SUITE_P(Grid, CudaDecodeGrid, ::testing::ValuesIn(kGrid),
                          [](const ::testing::TestParamInfo<GridCase>& param_info) {
@@ -206,6 +208,25 @@ INSTANTIATE_TEST_SUITE_P(Grid, CudaDecodeGrid, ::testing::ValuesIn(kGrid),
                                   "_qo" + std::to_string(g.qo_max) + (g.causal ? "_causal" : "") +
                                   "_" + std::to_string(param_info.index);
                          });
+
+// Extend / chunked prefill: tens of query tokens a request (causal), so a request's rows span
+// several tiles of up to 64 rows (q blocks of 64 / heads tokens), each reading the same pages,
+// and the last case splits its long request too (q blocks x splits, then the merge). These
+// tiles run the 17-64-row kernels of each format (8 heads x 8 tokens fill a tile as 64 heads
+// do); the non-causal case packs 16 tokens of 4 heads a tile.
+TEST(CudaDecodeExtend, LongQueryChunksMatchReference) {
+  SKIP_WITHOUT_GPU();
+  const GridCase cases[] = {
+      {F8, 16, 64, 2, 17, 48, true, 48, 1200, FU, 1.0f, 1.0f},
+      {F8, 8, 1, 2, 9, 40, true, 40, 900, SP, 1.0f, 1.0f},
+      {BF, 16, 64, 2, 17, 40, true, 40, 1000, FU, 1.0f, 1.0f},
+      {BL, 32, 16, 2, 3, 20, true, 20, 600, FU, 1.0f, 1.0f},
+      {F8, 128, 16, 2, 2, 12, true, 12, 700, FU, 1.0f, 1.0f},
+      {F8, 4, 64, 2, 20, 40, false, 1, 800, SP, 0.5f, 2.0f},
+      {F8, 16, 64, 1, 8, 24, true, 2500, 3500, FU, 1.0f, 1.0f},
+  };
+  for (const GridCase& g : cases) run_case(grid_spec(g, 21));
+}
 
 // fp8_e4m3 tiles run on fp16 tensor cores with q scaled per row by a power of two: rows whose
 // q is tiny or huge (far outside fp16's range) must match as well as ordinary ones.

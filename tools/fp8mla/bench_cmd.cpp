@@ -23,7 +23,7 @@ namespace {
 
 struct BenchOptions {
   bool quick = false;
-  std::vector<int> batches, heads, contexts, page_sizes;
+  std::vector<int> batches, heads, contexts, page_sizes, qo_lens;
   std::vector<std::string> formats;
   bool no_baselines = false;
   std::string json;
@@ -41,7 +41,7 @@ constexpr double kReferenceTol = 1e-2;
 
 struct CpuCase {
   KvFormat format = KvFormat::fp8_e4m3;
-  int batch = 0, heads = 0, context = 0, page_size = 0;
+  int batch = 0, heads = 0, context = 0, qo_len = 1, page_size = 0;
   double fast_s = 0, ref_s = 0, baseline_s = 0;
   std::int64_t tokens = 0, ref_tokens = 0;
   Comparison vs_ref;
@@ -71,6 +71,7 @@ void run_cpu_case(CpuCase& c, bool baselines, double budget_s) {
   wc.batch = c.batch;
   wc.mean_context = c.context;
   wc.ragged = false;  // the ANCHORS.md grid: every request has the same context
+  wc.qo_len = c.qo_len;
   wc.pool_tokens =
       std::int64_t{c.batch} * ((c.context + c.page_size - 1) / c.page_size) * c.page_size;
   const Workload w = make_workload(wc);
@@ -79,10 +80,11 @@ void run_cpu_case(CpuCase& c, bool baselines, double budget_s) {
 
   const Plan fast = plan(
       make_problem(w, c.heads, sm_scale, c.format, w.num_pages, w.kv_indices, DeviceKind::cpu));
-  Activations acts(c.batch, c.heads, DeviceKind::cpu, 0);
+  const int total_q = c.batch * c.qo_len;
+  Activations acts(total_q, c.heads, DeviceKind::cpu, 0);
   Rng rng(7);
   acts.draw(rng);
-  Output out(c.batch, c.heads, DeviceKind::cpu, 0);
+  Output out(total_q, c.heads, DeviceKind::cpu, 0);
   out.poison();
   RunArgs args;
   args.q_nope = acts.q_nope_view();
@@ -102,11 +104,11 @@ void run_cpu_case(CpuCase& c, bool baselines, double budget_s) {
   PlanOptions ref_options;
   ref_options.cpu_reference = true;
   const Plan ref = plan(p, ref_options);
-  Output ref_out(1, c.heads, DeviceKind::cpu, 0);
+  Output ref_out(c.qo_len, c.heads, DeviceKind::cpu, 0);
   ref_out.poison();
   RunArgs ref_args = args;
-  ref_args.q_nope = make_view(acts.q_nope.data(), DType::bf16, {1, c.heads, kDimCkv});
-  ref_args.q_pe = make_view(acts.q_pe.data(), DType::bf16, {1, c.heads, kDimKpe});
+  ref_args.q_nope = make_view(acts.q_nope.data(), DType::bf16, {c.qo_len, c.heads, kDimCkv});
+  ref_args.q_pe = make_view(acts.q_pe.data(), DType::bf16, {c.qo_len, c.heads, kDimKpe});
   ref_args.out = ref_out.out_view();
   ref_args.lse = ref_out.lse_view();
   const Clock::time_point start = Clock::now();
@@ -143,6 +145,7 @@ int run_cpu_bench(const BenchOptions& o) {
   if (heads.empty()) heads = o.quick ? std::vector<int>{8} : std::vector<int>{8, 128};
   if (contexts.empty()) contexts = {4096};
   if (pages.empty()) pages = o.quick ? std::vector<int>{64} : std::vector<int>{64, 1};
+  const std::vector<int> qo_lens = o.qo_lens.empty() ? std::vector<int>{1} : o.qo_lens;
   std::vector<KvFormat> formats;
   for (const std::string& f : o.formats) formats.push_back(parse_format(f));
   if (formats.empty()) formats = {KvFormat::fp8_e4m3, KvFormat::fp8_e4m3_block, KvFormat::bf16};
@@ -158,15 +161,17 @@ int run_cpu_bench(const BenchOptions& o) {
     for (const int b : batches)
       for (const int h : heads)
         for (const int ctx : contexts)
-          for (const int p : pages) {
-            CpuCase c;
-            c.format = f;
-            c.batch = b;
-            c.heads = h;
-            c.context = ctx;
-            c.page_size = p;
-            cases.push_back(c);
-          }
+          for (const int qo : qo_lens)
+            for (const int p : pages) {
+              CpuCase c;
+              c.format = f;
+              c.batch = b;
+              c.heads = h;
+              c.context = ctx;
+              c.qo_len = qo;
+              c.page_size = p;
+              cases.push_back(c);
+            }
 
   const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
   std::printf("fp8mla bench (cpu, %u threads): the library's fast path vs its float64 reference\n",
@@ -175,9 +180,9 @@ int run_cpu_bench(const BenchOptions& o) {
       "  GB/s counts the format's KV bytes of every context token once (the FP8 floor's "
       "measure);\n  the reference runs on request 0 only (one thread)%s\n\n",
       o.no_baselines ? "" : "; gather+cast = gather the pages to bf16, then the fast path");
-  std::printf("%-15s %4s %5s %7s %4s %11s %8s %9s %8s %9s %9s\n", "format", "bs", "heads", "ctx",
-              "page", "fast us", "GB/s", "ref GB/s", "fast/ref", o.no_baselines ? "" : "g+c us",
-              "rel L2");
+  std::printf("%-15s %4s %5s %7s %3s %4s %11s %8s %9s %8s %9s %9s\n", "format", "bs", "heads",
+              "ctx", "qo", "page", "fast us", "GB/s", "ref GB/s", "fast/ref",
+              o.no_baselines ? "" : "g+c us", "rel L2");
   Progress progress("fp8mla bench", static_cast<std::int64_t>(cases.size()), !o.no_progress);
   progress.update(0);
   bool ok = true;
@@ -191,10 +196,10 @@ int run_cpu_bench(const BenchOptions& o) {
     const double ref_gbs = static_cast<double>(c.ref_tokens) * tb / c.ref_s / 1e9;
     const bool case_ok = passes(c.vs_ref, kReferenceTol);
     ok = ok && case_ok;
-    std::printf("%-15s %4d %5d %7d %4d %11s %8s %9s %8s %9s %9s%s\n", format_name(c.format),
-                c.batch, c.heads, c.context, c.page_size, format_fixed(c.fast_s * 1e6, 1).c_str(),
-                format_fixed(gbs, 2).c_str(), format_fixed(ref_gbs, 3).c_str(),
-                format_fixed(gbs / ref_gbs, 1).c_str(),
+    std::printf("%-15s %4d %5d %7d %3d %4d %11s %8s %9s %8s %9s %9s%s\n", format_name(c.format),
+                c.batch, c.heads, c.context, c.qo_len, c.page_size,
+                format_fixed(c.fast_s * 1e6, 1).c_str(), format_fixed(gbs, 2).c_str(),
+                format_fixed(ref_gbs, 3).c_str(), format_fixed(gbs / ref_gbs, 1).c_str(),
                 o.no_baselines ? "" : format_fixed(c.baseline_s * 1e6, 1).c_str(),
                 format_sci(c.vs_ref.rel_l2).c_str(), case_ok ? "" : "  FAILED");
     std::fflush(stdout);
@@ -211,7 +216,8 @@ int run_cpu_bench(const BenchOptions& o) {
     for (const CpuCase& c : cases) {
       const double tb = static_cast<double>(token_bytes(c.format));
       j.begin_object().value("format", format_name(c.format)).value("batch", c.batch);
-      j.value("heads", c.heads).value("context", c.context).value("page_size", c.page_size);
+      j.value("heads", c.heads).value("context", c.context).value("qo_len", c.qo_len);
+      j.value("page_size", c.page_size);
       j.value("fast_us", c.fast_s * 1e6);
       j.value("fast_gbps", static_cast<double>(c.tokens) * tb / c.fast_s / 1e9);
       j.value("reference_gbps", static_cast<double>(c.ref_tokens) * tb / c.ref_s / 1e9);
@@ -243,6 +249,11 @@ int run_bench(std::span<const std::string_view> argv) {
   ap.set_default_text("context", "gpu: 4096,32768,131072 at bs 1, 4096/8192 otherwise; cpu: 4096");
   ap.add_int_list("page-size", &o.page_sizes, "page sizes (powers of two)", 1, kMaxPageSize);
   ap.set_default_text("page-size", "64,1 (cpu quick: 64)");
+  ap.add_int_list("qo-len", &o.qo_lens,
+                  "query tokens a request, causal (MTP / speculative verify: 2-8; larger for "
+                  "chunked prefill); none above the shortest context",
+                  1, 4096);
+  ap.set_default_text("qo-len", "1 (decode)");
   ap.add_choice_list("format", &o.formats, {"fp8_e4m3", "fp8_e4m3_block", "bf16"}, "KV formats");
   ap.set_default_text("format", "gpu: fp8_e4m3,bf16; cpu: all three");
   ap.add_flag("no-baselines", &o.no_baselines, "skip the cast-pool / gather-then-cast baselines");
@@ -274,6 +285,8 @@ int run_bench(std::span<const std::string_view> argv) {
     if (o.cp < 1) throw UsageError("fp8mla bench: --cp-rank: only with --cp");
     if (ap.given("batch"))
       throw UsageError("fp8mla bench: --batch: not with --cp (it times one request, batch 1)");
+    if (ap.given("qo-len"))
+      throw UsageError("fp8mla bench: --qo-len: not with --cp (it times one query token)");
     if (o.no_baselines) throw UsageError("fp8mla bench: --no-baselines: --cp runs no baselines");
     if (o.device == "cpu") throw UsageError("fp8mla bench: --device cpu: --cp runs on CUDA GPUs");
     if (o.cp_rank < 0) return launch_ranks(o.cp, argv);
@@ -295,6 +308,14 @@ int run_bench(std::span<const std::string_view> argv) {
     return bench::run_cp_bench(c);
   }
 
+  // Causal query tokens need as many cache tokens (the default contexts are all >= 4096).
+  const int shortest = o.contexts.empty() ? 4096 : *std::ranges::min_element(o.contexts);
+  for (const int qo : o.qo_lens) {
+    if (qo > shortest) {
+      throw UsageError("fp8mla bench: --qo-len: " + std::to_string(qo) +
+                       " is more than the shortest --context, " + std::to_string(shortest));
+    }
+  }
   const bool gpu = o.device == "cuda" || (o.device == "auto" && cuda_available());
   if (gpu) {
     bench::GpuBenchOptions g;
@@ -303,6 +324,7 @@ int run_bench(std::span<const std::string_view> argv) {
     g.heads = o.heads;
     g.contexts = o.contexts;
     g.page_sizes = o.page_sizes;
+    g.qo_lens = o.qo_lens;
     for (const std::string& f : o.formats) g.formats.push_back(parse_format(f));
     g.baselines = !o.no_baselines;
     g.json_path = o.json;

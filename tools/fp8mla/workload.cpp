@@ -74,7 +74,7 @@ Workload make_workload(const WorkloadConfig& config) {
   w.kv_len.resize(static_cast<std::size_t>(config.batch));
   for (std::int32_t& len : w.kv_len) {
     const double f = config.ragged ? 0.25 + 1.5 * rng.uniform() : 1.0;
-    len = std::max(1, static_cast<int>(f * config.mean_context));
+    len = std::max(std::max(1, config.qo_len), static_cast<int>(f * config.mean_context));
     total_pages += (len + config.page_size - 1) / config.page_size;
   }
   if (total_pages > w.num_pages) {
@@ -104,7 +104,7 @@ Workload make_workload(const WorkloadConfig& config) {
   for (const std::int32_t len : w.kv_len) {
     const std::int64_t n = (len + config.page_size - 1) / config.page_size;
     for (std::int64_t i = 0; i < n; ++i) w.kv_indices.push_back(pages[next++]);
-    w.qo_indptr.push_back(w.qo_indptr.back() + 1);
+    w.qo_indptr.push_back(w.qo_indptr.back() + config.qo_len);
     w.kv_indptr.push_back(static_cast<std::int32_t>(w.kv_indices.size()));
     w.active_tokens += len;
   }

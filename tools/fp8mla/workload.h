@@ -38,6 +38,7 @@ struct WorkloadConfig {
   int batch = 1;
   int mean_context = 4096;
   bool ragged = true;  // contexts uniform in [mean/4, 7*mean/4]; else all = mean
+  int qo_len = 1;      // query tokens a request (causal: each context is at least this long)
   std::uint64_t seed = 1;
   DeviceKind device = DeviceKind::cpu;
   int device_id = 0;
@@ -50,7 +51,7 @@ struct Workload {
   // a device copy with identical bytes.
   std::unique_ptr<PagedLatentCache> host_cache;
   std::unique_ptr<PagedLatentCache> device_cache;
-  // The batch, one query token per request (decode).
+  // The batch: config.qo_len query tokens a request (1: decode; more: MTP / speculative verify).
   std::vector<std::int32_t> qo_indptr;   // [batch + 1]
   std::vector<std::int32_t> kv_indptr;   // [batch + 1], pages
   std::vector<std::int32_t> kv_indices;  // pool page ids, scattered
