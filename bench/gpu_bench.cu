@@ -89,6 +89,7 @@ struct CaseRunner {
   bool quick;
   int min_chunk_tokens;  // 0: the planner's default
   bool exact_scores;
+  int max_tile_rows;
 
   std::vector<CaseResult> run(int bs, int heads, int ctx, int qo, int ps, KvFormat f) {
     const std::int64_t tb = token_bytes(f);
@@ -103,6 +104,7 @@ struct CaseRunner {
       PlanOptions po;
       if (min_chunk_tokens > 0) po.min_chunk_tokens = min_chunk_tokens;
       po.exact_scores = exact_scores;
+      po.max_tile_rows = max_tile_rows;
       return plan(batch.problem(idx, heads, ps, pages, fmt), po);
     };
     std::vector<Plan> plans;
@@ -250,6 +252,7 @@ int run_gpu_bench(const GpuBenchOptions& o) {
                           : "not measured (libcublas not found)");
   if (o.min_chunk_tokens > 0) std::printf("plans: min_chunk_tokens %d\n", o.min_chunk_tokens);
   if (o.exact_scores) std::printf("plans: exact_scores\n");
+  if (o.max_tile_rows > 0) std::printf("plans: max_tile_rows %d\n", o.max_tile_rows);
 
   struct Shape {
     int bs, heads, ctx;
@@ -275,7 +278,7 @@ int run_gpu_bench(const GpuBenchOptions& o) {
   const std::vector<KvFormat> fmts =
       o.formats.empty() ? std::vector<KvFormat>{KvFormat::fp8_e4m3, KvFormat::bf16} : o.formats;
   CaseRunner runner{s,           pool,    pool_bytes,         scratch,       scratch_bytes, ceil,
-                    o.baselines, o.quick, o.min_chunk_tokens, o.exact_scores};
+                    o.baselines, o.quick, o.min_chunk_tokens, o.exact_scores, o.max_tile_rows};
   std::vector<CaseResult> all;
   int done = 0;
   const int total = static_cast<int>(shapes.size() * qos.size() * pss.size() * fmts.size());

@@ -22,6 +22,7 @@ struct GpuBenchOptions {
   bool progress = true;           // progress on stderr
   int min_chunk_tokens = 0;       // > 0: PlanOptions::min_chunk_tokens of every plan (split tuning)
   bool exact_scores = false;      // PlanOptions::exact_scores of every native plan
+  int max_tile_rows = 0;          // PlanOptions::max_tile_rows of every plan (0: 64)
 };
 
 // Runs the benchmark and prints a table. Returns 0, or throws fp8mla::Error (unsupported

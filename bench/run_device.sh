@@ -34,8 +34,14 @@ timeout 90 build-cuda/tools/fp8mla/fp8mla bench --quick --batch 1,64 --heads 8,1
   --qo-len 1,2,4 --page-size 64 --format fp8_e4m3 --no-baselines --no-progress \
   --json "$out/mtp.json" > "$out/mtp.txt" 2>&1
 echo "bench --qo-len rc=$?"
+# ... and the same with tiles of <= 16 rows (PlanOptions::max_tile_rows: more tiles, each reading
+# the pages, on the <= 16-row kernels; bench/NOTES.md mtp1).
+timeout 90 build-cuda/tools/fp8mla/fp8mla bench --quick --batch 1,64 --heads 8,16 --context 4096 \
+  --qo-len 2,4 --page-size 64 --format fp8_e4m3 --no-baselines --no-progress --max-tile-rows 16 \
+  --json "$out/mtp16.json" > "$out/mtp16.txt" 2>&1
+echo "bench --qo-len --max-tile-rows 16 rc=$?"
 [ -f "$out/bench.txt" ] && grep -E "ceil|native" "$out/bench.txt" | head -60
-[ -f "$out/mtp.txt" ] && grep native "$out/mtp.txt"
+[ -f "$out/mtp.txt" ] && grep native "$out/mtp.txt" "$out/mtp16.txt"
 # Where the time goes in the bandwidth-target case (hardware counters; clocks left alone).
 if [ -n "${NCU:-}" ]; then
   ncu --clock-control none --kernel-name regex:mla_decode --launch-count 1 \

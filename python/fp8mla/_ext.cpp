@@ -196,6 +196,7 @@ fp8mla::PlanOptions plan_options(const nb::dict& d) {
   o.max_kv_indices = nb::cast<std::int64_t>(d["max_kv_indices"]);
   o.max_qo_len = nb::cast<int>(d["max_qo_len"]);
   o.exact_scores = nb::cast<bool>(d["exact_scores"]);
+  o.max_tile_rows = nb::cast<int>(d["max_tile_rows"]);
   return o;
 }
 
@@ -331,6 +332,7 @@ NB_MODULE(_fp8mla, m) {
         d["num_threads"] = o.num_threads;
         d["cpu_reference"] = o.cpu_reference;
         d["exact_scores"] = o.exact_scores;
+        d["max_tile_rows"] = o.max_tile_rows;
         return d;
       },
       "fp8mla::PlanOptions' defaults for the options the Python layer passes: {name: value}");

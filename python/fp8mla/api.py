@@ -115,6 +115,7 @@ def plan(
     max_kv_indices=0,
     max_qo_len=0,
     exact_scores=False,
+    max_tile_rows=0,
 ):
     """Validates a batch and partitions its work (fp8mla::plan).
 
@@ -129,7 +130,9 @@ def plan(
     view will have), sm_scale finite and > 0, kv_format a KvFormat or its name, device "cpu",
     "cuda", "cuda:N" or a torch.device. The remaining options are fp8mla::PlanOptions (graph
     mode: cuda_graph=True with max_batch, max_total_q, max_kv_indices > 0; exact_scores=True
-    keeps fp8_e4m3 scores off the fp8 tensor cores, README "Numerics").
+    keeps fp8_e4m3 scores off the fp8 tensor cores, README "Numerics"; max_tile_rows in 0..64
+    caps the rows, heads x query tokens, a tile packs: 16 puts multi-token rows of <= 16 heads
+    on the <= 16-row CUDA kernels).
 
     Returns a Plan. Raises ValueError naming the argument, index and bound for bad input;
     RuntimeError when the device cannot be served (e.g. "cuda" in a build without CUDA).
@@ -139,20 +142,20 @@ def plan(
                        sm_scale, kv_format, causal, topk, sparse_indices, device),
         _plan_options(sm_count, ctas_per_sm, min_chunk_tokens, num_threads, cpu_reference,
                       cuda_graph, max_batch, max_total_q, max_kv_indices, max_qo_len,
-                      exact_scores),
+                      exact_scores, max_tile_rows),
     )
 
 
 def _plan_options(sm_count=0, ctas_per_sm=0, min_chunk_tokens=64, num_threads=0,
                   cpu_reference=False, cuda_graph=False, max_batch=0, max_total_q=0,
-                  max_kv_indices=0, max_qo_len=0, exact_scores=False):
+                  max_kv_indices=0, max_qo_len=0, exact_scores=False, max_tile_rows=0):
     """fp8mla::PlanOptions as the dict _ext takes (every key, converted)."""
     return dict(sm_count=int(sm_count), ctas_per_sm=int(ctas_per_sm),
                 min_chunk_tokens=int(min_chunk_tokens), num_threads=int(num_threads),
                 cpu_reference=bool(cpu_reference), cuda_graph=bool(cuda_graph),
                 max_batch=int(max_batch), max_total_q=int(max_total_q),
                 max_kv_indices=int(max_kv_indices), max_qo_len=int(max_qo_len),
-                exact_scores=bool(exact_scores))
+                exact_scores=bool(exact_scores), max_tile_rows=int(max_tile_rows))
 
 
 def replan(

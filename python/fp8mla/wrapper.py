@@ -107,7 +107,9 @@ class BatchMLAPagedAttentionWrapper:
     Keyword-only fp8mla extras: ``num_pages`` (pool size; default: learned from the cache
         passed to the first run()), ``num_threads`` (CPU backend threads, 0 = all cores),
         ``exact_scores`` (CUDA fp8_e4m3: keep the scores off the fp8 tensor cores, whose
-        accumulator keeps 13 mantissa bits; 21-29% slower; README "Numerics").
+        accumulator keeps 13 mantissa bits; 21-29% slower; README "Numerics"),
+        ``max_tile_rows`` (0..64, 0 = 64: rows, heads x query tokens, a tile packs at most;
+        fp8mla::PlanOptions::max_tile_rows).
 
     Raises ValueError for an unknown backend.
     """
@@ -129,6 +131,7 @@ class BatchMLAPagedAttentionWrapper:
         max_qo_len=None,
         num_threads=0,
         exact_scores=False,
+        max_tile_rows=0,
     ):
         if backend not in _BACKENDS:
             raise ValueError(f"backend: expected one of {', '.join(_BACKENDS)}, got {backend!r}")
@@ -148,6 +151,7 @@ class BatchMLAPagedAttentionWrapper:
         self._cpu_reference = backend == "cpu_reference"
         self._num_threads = int(num_threads)
         self._exact_scores = bool(exact_scores)
+        self._max_tile_rows = int(max_tile_rows)
         self._use_cuda_graph = bool(use_cuda_graph)
         self._num_pages = int(num_pages) if num_pages is not None else None
         if max_batch is None and self._use_cuda_graph:
@@ -280,7 +284,7 @@ class BatchMLAPagedAttentionWrapper:
                 max_total_q=max_total_q if graph else 0,
                 max_kv_indices=max_kv if graph else 0,
                 max_qo_len=(self._max_qo_len or 0) if graph else 0,
-                exact_scores=self._exact_scores))
+                exact_scores=self._exact_scores, max_tile_rows=self._max_tile_rows))
         self._planned_pages = num_pages
 
     # ---- run ----

@@ -4,9 +4,9 @@
 // Partition, a deterministic function of (Problem, PlanOptions, resolved sm_count):
 //  * Rows of a tile = q_count x head_count <= kMaxRowsPerTile (64).
 //    Head blocks: H <= 64 gives one block of all H heads, and query tokens are grouped
-//    q_count = min(qo_len, 64 / H) per tile (the last q block may be smaller); H > 64 gives
-//    blocks of 64 heads (the last one smaller) and q_count = 1. Sparse mode always has q_count = 1:
-//    each token has its own index list.
+//    q_count = min(qo_len, max(1, M / H)) per tile, M = options.max_tile_rows or 64 (the last
+//    q block may be smaller); H > 64 gives blocks of 64 heads (the last one smaller) and
+//    q_count = 1. Sparse mode always has q_count = 1: each token has its own index list.
 //  * A group is (request, q block, head block). Its work is the request's length L_r: kv_len[r]
 //    when dense (with causal the last row sees all L_r tokens, so that bounds every row), topk
 //    when sparse (then the kv range is positions [0, topk) of each token's index list).
@@ -39,7 +39,7 @@
 //   n_r * qo_len_r * H <= n_r * groups_r * R < 2 R groups_r L_r / chunk,
 // where R bounds the rows of a tile; summed over split requests that is < 2 R W / chunk <=
 // 2 R target. Hence tile_capacity = target + max_total_q * head_blocks and
-// partial_rows_capacity = 2 * R * target with R = min(64, H * min(max_qo_len, max(1, 64 / H)))
+// partial_rows_capacity = 2 * R * target with R = min(64, H * min(max_qo_len, max(1, M / H)))
 // (a tile holds at most max_qo_len tokens; max_qo_len = 0 means max_total_q).
 #include <algorithm>
 #include <cmath>
@@ -90,6 +90,8 @@ void check_options(const PlanOptions& o) {
   require(o.min_chunk_tokens >= 1, "options.min_chunk_tokens", o.min_chunk_tokens, " must be >= 1");
   require(o.num_threads >= 0, "options.num_threads", o.num_threads,
           " must be >= 0 (0 = hardware_concurrency)");
+  require(o.max_tile_rows >= 0 && o.max_tile_rows <= kMaxRowsPerTile, "options.max_tile_rows",
+          o.max_tile_rows, " is outside [0, ", kMaxRowsPerTile, "] (0 = ", kMaxRowsPerTile, ")");
   if (!o.cuda_graph) return;
   require(o.max_batch > 0, "options.max_batch", o.max_batch, " must be > 0 with cuda_graph");
   require(o.max_total_q > 0, "options.max_total_q", o.max_total_q, " must be > 0 with cuda_graph");
@@ -223,8 +225,9 @@ struct Blocking {
   int max_q_per_tile;  // tokens per q block (before clamping to qo_len)
 };
 
-Blocking blocking(int num_heads, bool sparse) {
-  const int per_tile = kMaxRowsPerTile / num_heads;  // 0 when H > 64
+Blocking blocking(int num_heads, bool sparse, const PlanOptions& o) {
+  const int max_rows = o.max_tile_rows > 0 ? o.max_tile_rows : kMaxRowsPerTile;
+  const int per_tile = max_rows / num_heads;  // 0 when H > max_rows
   return {static_cast<int>(ceil_div(num_heads, kMaxRowsPerTile)),
           sparse ? 1 : std::max(1, per_tile)};
 }
@@ -236,7 +239,7 @@ std::int64_t target_tiles(const PlanState& s) {
 // Rows of the largest tile the backend's kernel is chosen for (graph mode: any problem within
 // the options' bounds).
 int kernel_rows(const Problem& p, const PlanOptions& o) {
-  const Blocking b = blocking(p.num_heads, p.topk > 0);
+  const Blocking b = blocking(p.num_heads, p.topk > 0, o);
   const int heads = std::min(p.num_heads, kMaxRowsPerTile);
   std::int64_t q = 1;
   if (o.cuda_graph) {
@@ -260,7 +263,7 @@ void set_capacities(PlanState& s) {
     s.partial_rows_capacity = s.partial_rows;
     return;
   }
-  const Blocking b = blocking(s.num_heads, s.topk > 0);
+  const Blocking b = blocking(s.num_heads, s.topk > 0, s.options);
   const std::int64_t target = target_tiles(s);
   const std::int64_t rows_per_tile = std::min<std::int64_t>(
       kMaxRowsPerTile,
@@ -278,7 +281,7 @@ void set_capacities(PlanState& s) {
 
 void partition(PlanState& s) {
   const bool sparse = s.topk > 0;
-  const Blocking b = blocking(s.num_heads, sparse);
+  const Blocking b = blocking(s.num_heads, sparse, s.options);
   auto qo_len = [&](int r) { return s.qo_indptr[r + 1] - s.qo_indptr[r]; };
   auto length = [&](int r) -> std::int64_t { return sparse ? s.topk : s.kv_len[r]; };
   auto q_blocks = [&](int r) { return ceil_div(qo_len(r), b.max_q_per_tile); };

@@ -207,6 +207,9 @@ TEST_P(CpuBackendGrid, FastMatchesReference) {
   expect_close(run_case(c, unsplit), ref, "default plan");
   const Plan split = plan(c.problem(), split_heavy());
   expect_close(run_case(c, split), ref, "split-heavy plan");
+  PlanOptions one_token;  // a tile a query token (options.max_tile_rows): q blocks past 0
+  one_token.max_tile_rows = 1;
+  expect_close(run_case(c, plan(c.problem(), one_token)), ref, "one-token tiles");
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, CpuBackendGrid, ::testing::ValuesIn(kGrid),

@@ -81,7 +81,8 @@ auto key(const WorkTile& t) {
 std::int64_t groups(const Plan& p) {
   const auto& s = p.state();
   const int head_blocks = (s.num_heads + kMaxRowsPerTile - 1) / kMaxRowsPerTile;
-  const int q_per_tile = s.topk > 0 ? 1 : std::max(1, kMaxRowsPerTile / s.num_heads);
+  const int max_rows = s.options.max_tile_rows > 0 ? s.options.max_tile_rows : kMaxRowsPerTile;
+  const int q_per_tile = s.topk > 0 ? 1 : std::max(1, max_rows / s.num_heads);
   std::int64_t g = 0;
   for (int r = 0; r < s.batch; ++r) {
     const int q = s.qo_indptr[r + 1] - s.qo_indptr[r];
@@ -111,6 +112,9 @@ void expect_valid_partition(const Plan& p) {
     ASSERT_GE(t.q_count, 1);
     ASSERT_GE(t.head_count, 1);
     ASSERT_LE(t.q_count * t.head_count, kMaxRowsPerTile);
+    if (t.q_count > 1 && s.options.max_tile_rows > 0) {
+      ASSERT_LE(t.q_count * t.head_count, s.options.max_tile_rows);
+    }
     if (sparse) {
       ASSERT_EQ(t.q_count, 1);
     }
@@ -185,7 +189,10 @@ Batch random_batch(std::mt19937& rng, bool sparse) {
 PlanOptions random_options(std::mt19937& rng) {
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   static constexpr int kMinChunk[] = {1, 64, 100, 256, 1024};
-  return units(pick(1, 160), pick(1, 3), kMinChunk[pick(0, 4)]);
+  static constexpr int kMaxRows[] = {0, 0, 1, 7, 16, 32};
+  PlanOptions o = units(pick(1, 160), pick(1, 3), kMinChunk[pick(0, 4)]);
+  o.max_tile_rows = kMaxRows[pick(0, 5)];
+  return o;
 }
 
 TEST(PlanPartition, RandomDenseProblemsArePartitionedExactly) {
@@ -228,6 +235,26 @@ TEST(PlanPartition, HeadAndQueryBlocking) {
   EXPECT_EQ(p100.tiles()[20].head_begin, 64);
   EXPECT_EQ(p100.tiles()[20].head_count, 36);
   for (const WorkTile& t : p100.tiles()) EXPECT_EQ(t.q_count, 1);
+
+  // options.max_tile_rows caps the tokens a tile packs: 16 rows of 8 heads are 2 tokens (blocks
+  // of 2 x 10); of 16 heads 1 token; of 32 heads still 1 token (a tile keeps one).
+  PlanOptions capped = units(1, 1, 1 << 20);
+  capped.max_tile_rows = 16;
+  b.num_heads = 8;
+  const Plan c8 = plan(b.problem(), capped);
+  ASSERT_EQ(c8.tiles().size(), 10u);
+  EXPECT_EQ(c8.tiles()[9].q_begin, 18);
+  EXPECT_EQ(c8.tiles()[9].q_count, 2);
+  for (const int heads : {16, 32}) {
+    b.num_heads = heads;
+    const Plan c = plan(b.problem(), capped);
+    ASSERT_EQ(c.tiles().size(), 20u) << heads << " heads";
+    for (std::size_t i = 0; i < c.tiles().size(); ++i) {
+      EXPECT_EQ(c.tiles()[i].q_begin, static_cast<int>(i));
+      EXPECT_EQ(c.tiles()[i].q_count, 1);
+      EXPECT_EQ(c.tiles()[i].head_count, heads);
+    }
+  }
 }
 
 TEST(PlanPartition, SameInputGivesIdenticalPlans) {
@@ -417,6 +444,7 @@ TEST(PlanGraph, CapacityHoldsForStressShapes) {
     o.min_chunk_tokens = 1;
     o.sm_count = pick(1, 16);
     o.ctas_per_sm = pick(1, 2);
+    o.max_tile_rows = iter % 2 == 0 ? 0 : pick(1, kMaxRowsPerTile);
     Batch b;
     b.num_heads = kHeads[pick(0, static_cast<int>(std::size(kHeads)) - 1)];
     const int batch = pick(1, 8);

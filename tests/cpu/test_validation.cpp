@@ -229,6 +229,8 @@ TEST(ValidationPlan, Options) {
       {[](PlanOptions& o) { o.ctas_per_sm = -1; }, "options.ctas_per_sm"},
       {[](PlanOptions& o) { o.min_chunk_tokens = 0; }, "options.min_chunk_tokens"},
       {[](PlanOptions& o) { o.num_threads = -2; }, "options.num_threads"},
+      {[](PlanOptions& o) { o.max_tile_rows = -1; }, "options.max_tile_rows"},
+      {[](PlanOptions& o) { o.max_tile_rows = kMaxRowsPerTile + 1; }, "options.max_tile_rows"},
   };
   for (const Case& c : cases) {
     Input in;

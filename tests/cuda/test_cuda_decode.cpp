@@ -211,9 +211,12 @@ INSTANTIATE_TEST_SUITE_P(Grid, CudaDecodeGrid, ::testing::ValuesIn(kGrid),
 
 // Extend / chunked prefill: tens of query tokens a request (causal), so a request's rows span
 // several tiles of up to 64 rows (q blocks of 64 / heads tokens), each reading the same pages,
-// and the last case splits its long request too (q blocks x splits, then the merge). These
-// tiles run the 17-64-row kernels of each format (8 heads x 8 tokens fill a tile as 64 heads
-// do); the non-causal case packs 16 tokens of 4 heads a tile.
+// and the long case splits its request too (q blocks x splits, then the merge). These tiles run
+// the 17-64-row kernels of each format (8 heads x 8 tokens fill a tile as 64 heads do); the
+// non-causal case packs 16 tokens of 4 heads a tile. With options.max_tile_rows = 16 the cases
+// of <= 16 heads run again on the <= 16-row kernels (fp8 and bf16 TMA kernels at pages >= 8,
+// the fragment kernel and the gather instantiation below), their tiles starting at query
+// tokens past 0; the last two rows are MTP's shape (16 heads x 2 tokens).
 TEST(CudaDecodeExtend, LongQueryChunksMatchReference) {
   SKIP_WITHOUT_GPU();
   const GridCase cases[] = {
@@ -224,8 +227,15 @@ TEST(CudaDecodeExtend, LongQueryChunksMatchReference) {
       {F8, 128, 16, 2, 2, 12, true, 12, 700, FU, 1.0f, 1.0f},
       {F8, 4, 64, 2, 20, 40, false, 1, 800, SP, 0.5f, 2.0f},
       {F8, 16, 64, 1, 8, 24, true, 2500, 3500, FU, 1.0f, 1.0f},
+      {F8, 16, 64, 4, 2, 2, true, 2, 1500, SP, 1.0f, 1.0f},
+      {BF, 16, 1, 4, 2, 2, true, 2, 900, FU, 1.0f, 1.0f},
   };
-  for (const GridCase& g : cases) run_case(grid_spec(g, 21));
+  PlanOptions capped;
+  capped.max_tile_rows = 16;
+  for (const GridCase& g : cases) {
+    run_case(grid_spec(g, 21));
+    if (g.heads <= 16) run_case(grid_spec(g, 22), capped);
+  }
 }
 
 // fp8_e4m3 tiles run on fp16 tensor cores with q scaled per row by a power of two: rows whose

@@ -66,6 +66,19 @@ def test_split_kv_partition_is_exercised(rng):
     assert all(len(t) == 8 for t in p.tiles)
 
 
+def test_max_tile_rows_cuts_query_blocks(rng):
+    # 16 heads x 3 query tokens make one 48-row tile by default; max_tile_rows=16 gives a tile a
+    # token (tiles are (request, q_begin, q_count, head_begin, head_count, kv_begin, kv_end,
+    # split)), with the same answer.
+    p = run_case(rng, "fp8_e4m3", 16, 16, [300, 40], [3, 2], True, max_tile_rows=16)
+    assert all(t[2] == 1 for t in p.tiles)
+    assert {(t[0], t[1]) for t in p.tiles} == {(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)}
+    p = run_case(rng, "fp8_e4m3", 16, 16, [300, 40], [3, 2], True)
+    assert {(t[0], t[1], t[2]) for t in p.tiles} == {(0, 0, 3), (1, 0, 2)}
+    with pytest.raises(ValueError, match="options.max_tile_rows"):
+        run_case(rng, "fp8_e4m3", 16, 16, [300], [3], True, max_tile_rows=65)
+
+
 def test_fp8_per_tensor_scale(rng):
     run_case(rng, "fp8_e4m3", 8, 4, [70, 9], [1, 1], False, scale=0.03125)
 

@@ -266,12 +266,12 @@ def test_python_defaults_are_the_cpp_plan_options():
     with (bench/NOTES.md v22: a stale copy here once cost 1/8/4096 3.7 us on the H200)."""
     cpp = fp8mla._fp8mla.plan_defaults()
     assert set(cpp) == {"sm_count", "ctas_per_sm", "min_chunk_tokens", "num_threads",
-                        "cpu_reference", "exact_scores"}
+                        "cpu_reference", "exact_scores", "max_tile_rows"}
     plan_params = inspect.signature(fp8mla.plan).parameters
     option_params = inspect.signature(fp8mla.api._plan_options).parameters  # the wrapper's
     for name, value in cpp.items():
         assert plan_params[name].default == value, f"fp8mla.plan {name}"
         assert option_params[name].default == value, f"_plan_options {name}"
     wrapper_params = inspect.signature(fp8mla.BatchMLAPagedAttentionWrapper).parameters
-    for name in ("num_threads", "exact_scores"):
+    for name in ("num_threads", "exact_scores", "max_tile_rows"):
         assert wrapper_params[name].default == cpp[name], f"wrapper {name}"

@@ -31,6 +31,7 @@ struct BenchOptions {
   std::string device = "auto";
   int min_chunk = 0;
   bool exact_scores = false;
+  int max_tile_rows = 0;
   int cp = 0;         // --cp: GPUs of the context-parallel benchmark (0: the decode grid)
   int cp_rank = -1;   // set by --cp's launcher in each rank's command line
   std::string cp_id;  // the group's NCCL id, in hex
@@ -267,6 +268,10 @@ int run_bench(std::span<const std::string_view> argv) {
              0, 1 << 24);
   ap.add_flag("exact-scores", &o.exact_scores,
               "cuda: PlanOptions::exact_scores (fp8_e4m3 scores off the fp8 tensor cores)");
+  ap.add_int("max-tile-rows", &o.max_tile_rows,
+             "cuda: rows (heads x query tokens) a tile packs at most (PlanOptions::max_tile_rows; "
+             "0: 64); 16 puts multi-token rows of <= 16 heads on the <= 16-row kernels",
+             0, kMaxRowsPerTile);
   ap.add_int("cp", &o.cp,
              "cuda: context parallelism instead of the grid: one request (batch 1) decoded with "
              "its context spread over this many GPUs (one process a GPU, NCCL), against one GPU; "
@@ -285,8 +290,12 @@ int run_bench(std::span<const std::string_view> argv) {
     if (o.cp < 1) throw UsageError("fp8mla bench: --cp-rank: only with --cp");
     if (ap.given("batch"))
       throw UsageError("fp8mla bench: --batch: not with --cp (it times one request, batch 1)");
-    if (ap.given("qo-len"))
-      throw UsageError("fp8mla bench: --qo-len: not with --cp (it times one query token)");
+    for (const char* name : {"qo-len", "max-tile-rows"}) {
+      if (ap.given(name)) {
+        throw UsageError(std::string("fp8mla bench: --") + name +
+                         ": not with --cp (it times one query token)");
+      }
+    }
     if (o.no_baselines) throw UsageError("fp8mla bench: --no-baselines: --cp runs no baselines");
     if (o.device == "cpu") throw UsageError("fp8mla bench: --device cpu: --cp runs on CUDA GPUs");
     if (o.cp_rank < 0) return launch_ranks(o.cp, argv);
@@ -331,6 +340,7 @@ int run_bench(std::span<const std::string_view> argv) {
     g.progress = !o.no_progress;
     g.min_chunk_tokens = o.min_chunk;
     g.exact_scores = o.exact_scores;
+    g.max_tile_rows = o.max_tile_rows;
     return bench::run_gpu_bench(g);
   }
   if (o.device == "auto") {
