@@ -41,6 +41,7 @@ struct DemoOptions {
   int layers = 0;  // 0 = the model's
   int batch = 0;   // 0 = the device's default
   int context = 0;
+  int qo_len = 1;  // query tokens a request (> 1: MTP / speculative verify, causal)
   std::int64_t pool = 0;
   int page_size = 1;
   std::string format = "fp8_e4m3";
@@ -120,7 +121,7 @@ Comparison check_reference(const Workload& w, const ModelPreset& model, int head
   options.cpu_reference = true;
   const Plan ref_plan = plan(p, options);
 
-  const int rows = k;  // one query token per request
+  const int rows = w.qo_indptr[static_cast<std::size_t>(k)];  // the k requests' query tokens
   Output ref(rows, heads, DeviceKind::cpu, 0);
   ref.poison();
   RunArgs args;
@@ -154,6 +155,9 @@ int run_demo(std::span<const std::string_view> argv) {
   ap.add_int("context", &o.context, "mean context length in tokens (ragged: 0.25x..1.75x)", 1,
              1 << 20);
   ap.set_default_text("context", "4096");
+  ap.add_int("qo-len", &o.qo_len,
+             "query tokens a request, causal (MTP / speculative verify: 2 = one draft token)", 1,
+             64);
   ap.add_int64("pool", &o.pool, "tokens in the FP8 pool", 1, std::int64_t{1} << 31);
   ap.set_default_text("pool", "495040, the story's; halved while it needs > 1/4 of the RAM");
   ap.add_int("page-size", &o.page_size, "tokens per page, a power of two", 1, 128);
@@ -193,6 +197,7 @@ int run_demo(std::span<const std::string_view> argv) {
   wc.pool_tokens = o.pool > 0 ? o.pool : fit_pool(wc.format, device);
   wc.batch = o.batch > 0 ? o.batch : gpu ? kGpuBatch : kCpuBatch;
   wc.mean_context = o.context > 0 ? o.context : gpu ? kGpuContext : kCpuContext;
+  wc.qo_len = o.qo_len;
   wc.seed = static_cast<std::uint64_t>(o.seed);
   wc.device = device;
   const std::int64_t tb = token_bytes(wc.format);
@@ -236,7 +241,13 @@ int run_demo(std::span<const std::string_view> argv) {
       format_count(wc.mean_context).c_str(), static_cast<long long>(o.seed),
       format_count(w.active_tokens).c_str(), format_count(w.active_pages).c_str(),
       100.0 * static_cast<double>(w.active_tokens) / static_cast<double>(pool_tokens));
-  std::printf("  queries  fresh random bf16 queries in every layer\n\n");
+  if (wc.qo_len > 1) {
+    std::printf("  queries  %d query tokens a request (MTP / speculative verify, causal), ",
+                wc.qo_len);
+    std::printf("fresh random bf16\n           in every layer\n\n");
+  } else {
+    std::printf("  queries  fresh random bf16 queries in every layer\n\n");
+  }
   std::printf("  (1) cast    cast the whole pool to bf16, then attend on the bf16 cache\n");
   std::printf("  (2) gather  gather the batch's pages into a bf16 buffer (casting), then attend\n");
   std::printf("  (3) native  fp8mla::run straight on the %s cache\n\n", format_name(wc.format));
@@ -391,7 +402,11 @@ int run_demo(std::span<const std::string_view> argv) {
   row("(2) gather+cast, attend bf16", bytes2, step2,
       "   (gather " + format_fixed(mean.gather_s * layers * 1e3, 1) + " ms)");
   row("(3) native FP8", bytes3, step3, "");
-  const double flops3 = static_cast<double>(w.active_tokens) * heads * 2 * (kDimQk + kDimCkv);
+  // Score pairs: query token i of q sees L - q + 1 + i tokens (causal), q L - q (q - 1) / 2 a
+  // request of L tokens.
+  const double q = wc.qo_len;
+  const double pairs = q * static_cast<double>(w.active_tokens) - w.batch() * q * (q - 1) / 2;
+  const double flops3 = pairs * heads * 2 * (kDimQk + kDimCkv);
   if (gpu) {
     std::printf(
         "\n  decode attention is memory-bound on a GPU: (3) moves %.1fx fewer bytes than (1)"
@@ -438,6 +453,7 @@ int run_demo(std::span<const std::string_view> argv) {
     j.value("device", device_name(device)).value("format", format_name(wc.format));
     j.value("pool_tokens", pool_tokens).value("page_size", wc.page_size);
     j.value("batch", w.batch()).value("mean_context", wc.mean_context);
+    j.value("qo_len", wc.qo_len);
     j.value("active_tokens", w.active_tokens).value("seed", o.seed);
     j.begin_object("tolerances")
         .value("rel_l2", kAgreeTol)
