@@ -166,7 +166,8 @@ void write_cp_json(const std::string& path, int world, double read_gbs,
 }  // namespace
 
 int run_cp_bench(const CpBenchOptions& o) {
-  const NcclComm comm(o.id, o.rank, o.world, o.rank);  // device o.rank
+  FP8MLA_CUDA_CHECK(cudaSetDevice(o.rank));  // this rank's GPU, for the stream and buffers below
+  const NcclComm comm(o.id, o.rank, o.world, o.rank);
   const bool lead = o.rank == 0;
   cudaStream_t s;
   FP8MLA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));

@@ -175,7 +175,11 @@ struct RunArgs {
 // programmatic dependents (PDL) of the kernel before them on `stream`, so their launch overlaps
 // its end when it triggers early; they read q, the cache and sparse indices, and write, only
 // after waiting for it (griddepcontrol.wait), so stream order holds as for plain launches, and
-// they trigger their own dependents only after that wait.
+// they trigger their own dependents only after that wait. The library's CUDA calls (plan,
+// replan, run, merge_states, a CUDA cache, context parallelism) select their device inside and
+// give the calling thread its current device back on return, unless that device has no active
+// context (setting it would create one, ~0.5 GB, on a GPU the process never used; torch's
+// device guard makes the same choice).
 void run(const Plan& p, const RunArgs& args);
 
 // Combines partial attention states of the same rows (split-KV, context parallelism):

@@ -33,6 +33,28 @@ void cuda_copy_to_host(void* dst, const void* src, std::size_t bytes);    // syn
 void cuda_copy_to_device(void* dst, const void* src, std::size_t bytes);  // synchronous
 void cuda_synchronize(int device_id);  // waits for all work on the device
 void cuda_set_device(int device_id);   // the calling thread's current device
+int cuda_current_device() noexcept;    // the calling thread's current device; -1 when none
+// Makes `device_id` current again unless it already is, or its primary context is not active
+// (CUDA 12+ creates one on cudaSetDevice: ~0.5 GB on a GPU the process never used), as torch's
+// MaybeSetDevice does. Errors are ignored (-1 is a no-op).
+void cuda_restore_device(int device_id) noexcept;
+
+// The public CUDA entry points (plan, replan, run, merge_states, the cache, context parallelism)
+// select their device with cudaSetDevice inside; this puts the caller's current device back
+// when they return or throw, so a thread that drives several GPUs (torch.cuda.current_device()
+// reads the same setting) is not moved to another one. Inactive (no CUDA call) unless `cuda`.
+class CurrentDeviceGuard {
+ public:
+  explicit CurrentDeviceGuard(bool cuda) noexcept : saved_(cuda ? cuda_current_device() : -1) {}
+  ~CurrentDeviceGuard() {
+    if (saved_ >= 0) cuda_restore_device(saved_);
+  }
+  CurrentDeviceGuard(const CurrentDeviceGuard&) = delete;
+  CurrentDeviceGuard& operator=(const CurrentDeviceGuard&) = delete;
+
+ private:
+  int saved_;
+};
 // Uploads the plan's arrays into plan.cuda (allocating it, or reusing it in graph mode).
 void cuda_upload_plan(PlanState& plan);
 void cuda_run(PlanState& plan, const RunArgs& args);

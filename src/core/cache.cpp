@@ -113,6 +113,7 @@ PagedLatentCache::PagedLatentCache(const CacheConfig& config) {
   impl->token_bytes = token_bytes(config.format);
   const std::int64_t bytes = impl->capacity() * impl->token_bytes;
   if (config.device == DeviceKind::cuda) {
+    const detail::CurrentDeviceGuard keep(true);
     impl->device = detail::cuda_malloc(static_cast<std::size_t>(bytes), config.device_id);
   } else {
     try {
@@ -218,6 +219,7 @@ void PagedLatentCache::append(const TensorView& slots, const TensorView& ckv, co
   if (c.device == DeviceKind::cuda) {
     // The device cannot be read without a sync: the kernel skips slots outside the pool and
     // always propagates NaN (documented in cache.h).
+    const detail::CurrentDeviceGuard keep(true);
     detail::cuda_append(c, impl_->device, slots, ckv, kpe, stream);
     return;
   }

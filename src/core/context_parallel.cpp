@@ -72,7 +72,8 @@ NcclComm::NcclComm(const NcclId& id, int rank, int world, int device_id)
     : rank_(rank), world_(world), device_id_(device_id), owned_(true) {
   require(world >= 1, "world", "must be >= 1, got ", world);
   require(rank >= 0 && rank < world, "rank", rank, " is outside [0, ", world, ")");
-  detail::cuda_set_device(device_id);
+  const detail::CurrentDeviceGuard keep(true);
+  detail::cuda_set_device(device_id);  // the communicator's device is the current one
   const detail::NcclApi& api = nccl();
   detail::NcclUniqueIdAbi raw{};
   std::memcpy(raw.internal, id.bytes.data(), sizeof raw.internal);
@@ -156,6 +157,7 @@ ContextParallelPlan plan_context_parallel(const Problem& full, const NcclComm& c
           "context parallelism exchanges over NCCL: expected cuda, got ", device_name(full.device));
   require(full.device_id == comm.device_id(), "problem.device_id", full.device_id,
           " is not the communicator's device ", comm.device_id());
+  const detail::CurrentDeviceGuard keep(true);
   ContextParallelPlan cp;
   cp.state_ = std::make_unique<ContextParallelPlan::State>();
   ContextParallelPlan::State& s = *cp.state_;

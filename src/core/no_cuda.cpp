@@ -53,5 +53,9 @@ void cuda_append(const CacheConfig&, void*, const TensorView&, const TensorView&
                  void*) {
   no_cuda("config.device");
 }
+int cuda_current_device() noexcept {
+  return -1;
+}
+void cuda_restore_device(int) noexcept {}
 
 }  // namespace fp8mla::detail

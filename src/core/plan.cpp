@@ -454,6 +454,7 @@ std::int64_t Plan::partial_rows() const {
 Plan plan(const Problem& problem, const PlanOptions& options) {
   // Validate before asking the device, so bad input reads as bad input in any build.
   validate(problem, options);
+  const detail::CurrentDeviceGuard keep(problem.device == DeviceKind::cuda);
   auto state = std::make_unique<PlanState>(
       build_state(problem, options, resolve_sm_count(problem, options), 0));
   if (state->device == DeviceKind::cuda) {
@@ -478,6 +479,7 @@ void replan(Plan& p, const Problem& problem) {
   require_same(problem.device_id, s.device_id, "device_id");
   // Same options and sm_count as the original, so the capacities (and buffers) still fit.
   validate(problem, s.options);
+  const detail::CurrentDeviceGuard keep(s.device == DeviceKind::cuda);
   PlanState next = build_state(problem, s.options, s.sm_count, s.ctas_per_sm);
   if (next.device == DeviceKind::cuda) {
     next.cuda = std::move(s.cuda);

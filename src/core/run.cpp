@@ -88,6 +88,7 @@ void run(const Plan& p, const RunArgs& args) {
   }
 
   if (s.device == DeviceKind::cuda) {
+    const detail::CurrentDeviceGuard keep(true);
     detail::cuda_run(s, args);
   } else if (s.options.cpu_reference) {
     detail::cpu_reference(s, args);
@@ -113,6 +114,7 @@ void merge_states(const TensorView& v, const TensorView& s, const TensorView& v_
   if (rows == 0) return;
 
   if (device == DeviceKind::cuda) {
+    const detail::CurrentDeviceGuard keep(true);
     detail::cuda_merge_states(v, s, v_out, s_out, stream);
   } else {
     detail::cpu_merge_states(v, s, v_out, s_out);

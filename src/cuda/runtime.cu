@@ -1,5 +1,8 @@
 // CUDA runtime glue: device queries, memory, and the device copy of a plan.
+#include <cuda.h>
+
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "src/core/backend.h"
@@ -64,6 +67,44 @@ void cuda_synchronize(int device_id) {
 void cuda_set_device(int device_id) {
   require_visible(device_id);
   FP8MLA_CUDA_CHECK(cudaSetDevice(device_id));
+}
+
+int cuda_current_device() noexcept {
+  int d = -1;
+  if (cudaGetDevice(&d) != cudaSuccess) {
+    (void)cudaGetLastError();  // ours: no device
+    return -1;
+  }
+  return d;
+}
+
+void cuda_restore_device(int device_id) noexcept {
+  int now = -1;
+  if (device_id < 0 || cudaGetDevice(&now) != cudaSuccess || now == device_id) return;
+  // The driver's primary-context query, found once through the runtime (no -lcuda).
+  using GetDevice = CUresult (*)(CUdevice*, int);
+  using GetState = CUresult (*)(CUdevice, unsigned int*, int*);
+  static const auto [get_device, get_state] = [] {
+    void* d = nullptr;
+    void* s = nullptr;
+    cudaDriverEntryPointQueryResult qd{}, qs{};
+    if (cudaGetDriverEntryPointByVersion("cuDeviceGet", &d, 12000, cudaEnableDefault, &qd) !=
+            cudaSuccess ||
+        cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &s, 12000, cudaEnableDefault,
+                                         &qs) != cudaSuccess ||
+        qd != cudaDriverEntryPointSuccess || qs != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      d = s = nullptr;
+    }
+    return std::pair{reinterpret_cast<GetDevice>(d), reinterpret_cast<GetState>(s)};
+  }();
+  CUdevice dev{};
+  unsigned int flags = 0;
+  int active = 0;
+  if (get_device == nullptr || get_device(&dev, device_id) != CUDA_SUCCESS ||
+      get_state(dev, &flags, &active) != CUDA_SUCCESS || active == 0)
+    return;
+  if (cudaSetDevice(device_id) != cudaSuccess) (void)cudaGetLastError();
 }
 
 void destroy_cuda_buffers(CudaPlanBuffers* b) noexcept {

@@ -95,6 +95,7 @@ void check_ranks(const CpCase& k, bool graph) {
   const std::string what = test::describe(s) + ", world " + std::to_string(k.world);
 
   on_every_rank(k.world, [&](int rank) {
+    gputest::check_cuda(cudaSetDevice(rank));  // the thread's GPU (its stream is made there)
     NcclComm comm(id, rank, k.world, rank);
     ASSERT_EQ(comm.rank(), rank);
     ASSERT_EQ(comm.world(), k.world);

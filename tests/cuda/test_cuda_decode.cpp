@@ -769,5 +769,55 @@ TEST(CudaValidation, MisalignedCacheIsRejected) {
   }
 }
 
+// The library's CUDA calls give the calling thread its current device back (CurrentDeviceGuard,
+// src/core/backend.h): with device 1 current (its context active), a plan, a run, a merge and a
+// cache with its append, all on device 0, leave device 1 current, and the run still matches the
+// reference. Needs two GPUs (the test helpers' own allocations select device 0, so device 1 is
+// made current after them).
+TEST(CudaDevice, CallsGiveTheCallerItsDeviceBack) {
+  SKIP_WITHOUT_GPU();
+  if (detail::cuda_device_count() < 2) GTEST_SKIP() << "needs two GPUs";
+  auto current = [] {
+    int d = -1;
+    check_cuda(cudaGetDevice(&d));
+    return d;
+  };
+  auto select_1 = [] {
+    check_cuda(cudaSetDevice(1));
+    check_cuda(cudaFree(nullptr));  // device 1's context is active: it may be given back
+  };
+  test::RandomCase c = fp8_case(8, 64, 100, 700, 93);
+  test::HostOutput ref = reference(c);
+  DeviceBuffer cache(c.cache), q(c.q);
+  DeviceOutput d(c, 256);
+  const RunArgs args = device_args(c, cache, q, d);
+  const int rows = 40;
+  std::vector<float> v(rows * 2 * kDimCkv, 0.5f), s(rows * 2, 1.0f);
+  DeviceBuffer dv(v), ds(s), dout(rows * kDimCkv * 4), slots(std::vector<std::int32_t>{0, 5, 17}),
+      ckv(std::vector<float>(3 * kDimCkv, 1.5f)), kpe(std::vector<float>(3 * kDimKpe, -2.0f));
+
+  select_1();
+  const Plan p = plan(c.problem(DeviceKind::cuda));
+  EXPECT_EQ(current(), 1) << "plan()";
+  run(p, args);
+  EXPECT_EQ(current(), 1) << "run()";
+  merge_states(make_view(dv.ptr, DType::f32, {rows, 2, kDimCkv}, DeviceKind::cuda),
+               make_view(ds.ptr, DType::f32, {rows, 2}, DeviceKind::cuda),
+               make_view(dout.ptr, DType::f32, {rows, kDimCkv}, DeviceKind::cuda), {});
+  EXPECT_EQ(current(), 1) << "merge_states()";
+  PagedLatentCache dev_cache({.num_pages = 4, .page_size = 16, .device = DeviceKind::cuda});
+  EXPECT_EQ(current(), 1) << "PagedLatentCache()";
+  dev_cache.append(make_view(slots.ptr, DType::i32, {3}, DeviceKind::cuda),
+                   make_view(ckv.ptr, DType::f32, {3, kDimCkv}, DeviceKind::cuda),
+                   make_view(kpe.ptr, DType::f32, {3, kDimKpe}, DeviceKind::cuda));
+  EXPECT_EQ(current(), 1) << "PagedLatentCache::append()";
+  detail::cuda_synchronize(0);
+  expect_matches(d, ref, "run with device 1 current");
+  std::vector<float> token(kDimQk);
+  dev_cache.read_token(17, token);
+  EXPECT_EQ(token[0], 1.5f);
+  EXPECT_EQ(token[kDimCkv], -2.0f);
+}
+
 }  // namespace
 }  // namespace fp8mla
