@@ -46,6 +46,14 @@ struct Problem {
   std::span<const std::int32_t> kv_indptr;   // [batch + 1] offsets into kv_indices (pages)
   std::span<const std::int32_t> kv_indices;  // [kv_indptr[batch]] page ids in [0, num_pages)
   std::span<const std::int32_t> kv_len;      // [batch] tokens, <= pages listed * page_size
+  // CUDA plans may take the page table where an engine builds it, on the GPU, instead of
+  // kv_indices (give one of the two): i32 [kv_indptr[batch]], contiguous, on the plan's device.
+  // plan() checks every entry there (a kernel and one small copy back) and copies the table into
+  // the plan's own device buffer, so, like the spans, it is read during plan() only, on the
+  // legacy default stream: work that writes it on another stream must be complete (the Python
+  // layer synchronises torch's current stream). It saves the host round trip of the largest
+  // index array (1M entries at 128 requests x 8K tokens on pages of 1 token).
+  TensorView device_kv_indices;
 
   // Sparse mode when topk > 0: sparse_indices is [total_q, topk] global slots
   // (page * page_size + offset) in [0, num_pages * page_size) or -1. kv_indptr / kv_indices /
@@ -139,7 +147,8 @@ class Plan {
 // Validates `problem` and builds the plan. Errors (all invalid_argument unless noted), each
 // naming the argument, index and bound: num_heads outside 1..128; page_size not a power of two
 // in 1..128; num_pages < 1; dtypes other than bf16; sm_scale not finite or <= 0; qo_indptr /
-// kv_indptr of the wrong length, not starting at 0 or decreasing; kv_indices outside the pool;
+// kv_indptr of the wrong length, not starting at 0 or decreasing; kv_indices (or
+// device_kv_indices: also its dtype, shape, device, and given with kv_indices) outside the pool;
 // kv_len < 0 or > pages listed * page_size; causal with qo_len > kv_len (kv_len = 0 with
 // qo_len > 0 is allowed: those rows get o = 0, lse = -inf); sparse indices outside the pool
 // and not -1; topk < 0 or sparse_indices of the wrong size; a cuda_graph plan whose problem

@@ -40,7 +40,8 @@ struct ContextShard {
 // Fills `shard` (its vectors, then shard.problem over them).
 // Errors (invalid_argument): world < 1, rank outside [0, world), a sparse problem (its indices
 // are global slots: shard them by filtering instead), causal with some qo_len > 1 (a shard
-// other than the last would mask the wrong tokens), and the validation plan() would do on the
+// other than the last would mask the wrong tokens), a page table on the device
+// (device_kv_indices: shards are cut on the host), and the validation plan() would do on the
 // index arrays it reads (lengths, kv_len within the pages listed).
 void shard_context(const Problem& full, int rank, int world, ContextShard& shard);
 

@@ -175,8 +175,13 @@ void fill_problem(ProblemArgs& pa, nb::handle qo_indptr, nb::handle kv_indptr,
       host_span<const std::int32_t>(pa.keep.in(qo_indptr, "qo_indptr"), "qo_indptr", DType::i32);
   p.kv_indptr =
       host_span<const std::int32_t>(pa.keep.in(kv_indptr, "kv_indptr"), "kv_indptr", DType::i32);
-  p.kv_indices =
-      host_span<const std::int32_t>(pa.keep.in(kv_indices, "kv_indices"), "kv_indices", DType::i32);
+  // A page table on the GPU stays there (Problem::device_kv_indices; plan() checks it there).
+  const TensorView pages = pa.keep.in(kv_indices, "kv_indices");
+  if (pages.defined() && pages.device == DeviceKind::cuda) {
+    p.device_kv_indices = pages;
+  } else {
+    p.kv_indices = host_span<const std::int32_t>(pages, "kv_indices", DType::i32);
+  }
   p.kv_len = host_span<const std::int32_t>(pa.keep.in(kv_len, "kv_len"), "kv_len", DType::i32);
   p.sparse_indices = host_span<const std::int32_t>(pa.keep.in(sparse_indices, "sparse_indices"),
                                                    "sparse_indices", DType::i32);

@@ -168,13 +168,39 @@ def host_i32(x, name, ndim=1):
     return np.array(a, dtype=np.int32, order="C", copy=True)
 
 
+def page_table(x, device):
+    """kv_indices for a plan on ``device`` ((kind, index)): a torch tensor already on that CUDA
+    device stays there as a contiguous int32 copy (fp8mla::Problem::device_kv_indices: the plan
+    checks and copies it on the GPU, saving the host round trip of the largest index array);
+    anything else becomes a host int32 copy (host_i32).
+
+    torch's current stream is synchronised first: plan() reads the table on the legacy default
+    stream, which a kernel still writing it on another stream would race.
+    """
+    torch = torch_module()
+    kind, index = device
+    if (torch is None or not isinstance(x, torch.Tensor) or not x.is_cuda or kind != "cuda"
+            or x.device.index != index):
+        return host_i32(x, "kv_indices")
+    if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+        raise ValueError(f"kv_indices: expected an integer tensor, got {x.dtype}")
+    if x.dim() != 1:
+        raise ValueError(f"kv_indices: expected 1 dimension(s), got shape {tuple(x.shape)}")
+    if x.dtype != torch.int32 and x.numel():
+        lo, hi = (int(v) for v in torch.aminmax(x))  # one sync
+        _int_range_check(lo, hi, "kv_indices")
+    t = x.detach().to(dtype=torch.int32).contiguous()
+    torch.cuda.current_stream(x.device).synchronize()
+    return t
+
+
 def length(a):
     """Number of entries of a 1-D host index array (numpy, torch or array.array)."""
     return len(a)
 
 
 def max_value(a):
-    """Largest entry of a non-empty host index array."""
+    """Largest entry of a non-empty index array (host, or a CUDA tensor: a sync)."""
     if is_torch(a):
         return int(a.max())
     if is_numpy(a):

@@ -18,6 +18,7 @@ from ._tensors import (
     for_ext,
     host_i32,
     numpy_module,
+    page_table,
     parse_device,
     require_array,
     torch_module,
@@ -67,14 +68,15 @@ def _stream(stream, like):
 
 
 def _problem_args(qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size, num_pages,
-                  sm_scale, kv_format, causal, topk, sparse_indices, device):
+                  sm_scale, kv_format, causal, topk, sparse_indices, device, host_pages=False):
     """The Problem part of _ext.plan / replan / plan_context_parallel / replan_context_parallel's
-    arguments, converted once for all."""
+    arguments, converted once for all. kv_indices stays on the plan's GPU when it is there
+    (page_table), unless host_pages (context parallelism shards it on the host)."""
     kind, index = parse_device(device)
     return (
         host_i32(qo_indptr, "qo_indptr"),
         host_i32(kv_indptr, "kv_indptr"),
-        host_i32(kv_indices, "kv_indices"),
+        host_i32(kv_indices, "kv_indices") if host_pages else page_table(kv_indices, (kind, index)),
         host_i32(kv_len, "kv_len"),
         int(num_heads),
         int(page_size),
@@ -275,7 +277,7 @@ def plan_context_parallel(comm, qo_indptr, kv_indptr, kv_indices, kv_len, *, num
     if device is None:
         device = f"cuda:{comm.device_id}"
     args = _problem_args(qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size,
-                         num_pages, sm_scale, kv_format, causal, 0, None, device)
+                         num_pages, sm_scale, kv_format, causal, 0, None, device, host_pages=True)
     return _ext.plan_context_parallel(comm, *args, _plan_options(**options))
 
 
@@ -287,7 +289,7 @@ def replan_context_parallel(plan, qo_indptr, kv_indptr, kv_indices, kv_len, *, n
     if device is None:
         device = f"cuda:{plan.device_id}"
     args = _problem_args(qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size,
-                         num_pages, sm_scale, kv_format, causal, 0, None, device)
+                         num_pages, sm_scale, kv_format, causal, 0, None, device, host_pages=True)
     _ext.replan_context_parallel(plan, *args)
 
 

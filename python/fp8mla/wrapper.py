@@ -19,6 +19,7 @@ from ._tensors import (
     is_torch,
     length,
     max_value,
+    page_table,
     require_array,
     squeeze_head_dim,
     to_log2_inplace,
@@ -206,8 +207,10 @@ class BatchMLAPagedAttentionWrapper:
         block-scaled token format (kv_data_type uint8 or float8_e4m3fn). num_pages: the pool
         size (optional; see the class docstring). use_profiler=True raises ValueError.
 
-        Every index array is copied to the host and checked: ValueError names the argument,
-        index and bound (e.g. "kv_indices[17] = 4096 is outside the pool [0, 4096)").
+        Every index array is checked: ValueError names the argument, index and bound (e.g.
+        "kv_indices[17] = 4096 is outside the pool [0, 4096)"). qo_indptr, kv_indptr and
+        kv_len_arr are copied to the host; kv_indices too, unless it is a torch tensor on the
+        plan's GPU: then it is checked and copied there (device_kv_indices[i] in errors).
         """
         if int(head_dim_ckv) != DIM_CKV:
             raise ValueError(
@@ -235,7 +238,7 @@ class BatchMLAPagedAttentionWrapper:
                 f"kv_indices: expected at least kv_indptr[-1] = {n_indices} entries, "
                 f"got {len(kv_indices)}"
             )
-        kvi = host_i32(kv_indices[:n_indices], "kv_indices")
+        kvi = page_table(kv_indices[:n_indices], self._device)  # on the GPU: stays there
 
         batch = length(qo) - 1
         total_q = int(qo[batch]) if batch >= 0 else 0

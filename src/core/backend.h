@@ -38,6 +38,13 @@ int cuda_current_device() noexcept;    // the calling thread's current device; -
 // (CUDA 12+ creates one on cudaSetDevice: ~0.5 GB on a GPU the process never used), as torch's
 // MaybeSetDevice does. Errors are ignored (-1 is a no-op).
 void cuda_restore_device(int device_id) noexcept;
+// The first entry of a device page table (i32 [n], contiguous) outside [0, num_pages), and its
+// value; {-1, 0} when every entry is inside. Synchronous.
+struct PageOutside {
+  std::int64_t index;
+  std::int32_t page;
+};
+PageOutside cuda_find_page_outside(const TensorView& pages, std::int64_t num_pages);
 
 // The public CUDA entry points (plan, replan, run, merge_states, the cache, context parallelism)
 // select their device with cudaSetDevice inside; this puts the caller's current device back

@@ -25,6 +25,8 @@ void shard_context(const Problem& full, int rank, int world, ContextShard& shard
   require(full.topk == 0, "problem.topk",
           "sparse problems index global slots; shard them by filtering the indices");
   require(full.page_size >= 1, "problem.page_size", "must be >= 1, got ", full.page_size);
+  require(!full.device_kv_indices.defined(), "problem.device_kv_indices",
+          "context parallelism shards the page table on the host: give kv_indices");
   const std::size_t batch = full.qo_indptr.empty() ? 0 : full.qo_indptr.size() - 1;
   require(full.kv_indptr.size() == batch + 1, "problem.kv_indptr", "expected ", batch + 1,
           " entries, got ", full.kv_indptr.size());

@@ -57,5 +57,8 @@ int cuda_current_device() noexcept {
   return -1;
 }
 void cuda_restore_device(int) noexcept {}
+PageOutside cuda_find_page_outside(const TensorView&, std::int64_t) {
+  no_cuda("device_kv_indices");
+}
 
 }  // namespace fp8mla::detail

@@ -131,6 +131,38 @@ void check_indptr(I32Span a, const char* name, std::size_t entries) {
   }
 }
 
+// Every page id in [0, num_pages). The common case, all inside, is one branch-free pass the
+// compiler vectorises; the failing entry is then looked for.
+void check_pages(I32Span pages, std::int64_t num_pages) {
+  // One unsigned compare an id: negative ids wrap above every bound.
+  const auto bound = static_cast<std::uint32_t>(std::min<std::int64_t>(num_pages, 1ll << 31));
+  std::uint32_t outside = 0;
+  for (const std::int32_t page : pages) outside |= static_cast<std::uint32_t>(page) >= bound;
+  if (outside == 0) return;
+  for (std::size_t i = 0; i < pages.size(); ++i) {
+    if (pages[i] < 0 || pages[i] >= num_pages) {
+      fail_at("kv_indices", static_cast<std::int64_t>(i), pages[i], " is outside the pool [0, ",
+              num_pages, ")");
+    }
+  }
+}
+
+// A page table on the device (Problem::device_kv_indices): its view, then its ids, checked by the
+// CUDA backend where they are.
+void check_device_pages(const Problem& p, std::int64_t entries) {
+  const TensorView& t = p.device_kv_indices;
+  require(p.device == DeviceKind::cuda, "device_kv_indices",
+          "is for CUDA plans; a CPU plan takes kv_indices on the host");
+  require(p.kv_indices.empty(), "kv_indices", "given with device_kv_indices: give one of the two");
+  detail::check_tensor(t, "device_kv_indices", {DType::i32}, {entries}, DeviceKind::cuda,
+                       p.device_id);
+  if (entries == 0) return;
+  const auto [index, page] = detail::cuda_find_page_outside(t, p.num_pages);
+  if (index >= 0) {
+    fail_at("device_kv_indices", index, page, " is outside the pool [0, ", p.num_pages, ")");
+  }
+}
+
 // The index arrays: qo_indptr always; the page table and kv_len when dense (in sparse mode only
 // when given); sparse_indices; the graph capacities.
 void check_arrays(const Problem& p, const PlanOptions& o) {
@@ -142,18 +174,17 @@ void check_arrays(const Problem& p, const PlanOptions& o) {
   const std::int64_t total_q = p.qo_indptr[batch];
   const bool sparse = p.topk > 0;
 
-  const bool has_pages = !sparse || !p.kv_indptr.empty() || !p.kv_indices.empty();
+  const bool device_pages = p.device_kv_indices.defined();
+  const bool has_pages = !sparse || !p.kv_indptr.empty() || !p.kv_indices.empty() || device_pages;
   if (has_pages) {
     check_indptr(p.kv_indptr, "kv_indptr", batch + 1);
-    require(static_cast<std::size_t>(p.kv_indptr[batch]) == p.kv_indices.size(),
-            msg("kv_indptr[", batch, "]"), p.kv_indptr[batch],
-            " must equal kv_indices.size() = ", p.kv_indices.size());
-    for (std::size_t i = 0; i < p.kv_indices.size(); ++i) {
-      const std::int32_t page = p.kv_indices[i];
-      if (page < 0 || page >= p.num_pages) {
-        fail_at("kv_indices", static_cast<std::int64_t>(i), page, " is outside the pool [0, ",
-                p.num_pages, ")");
-      }
+    if (device_pages) {
+      check_device_pages(p, p.kv_indptr[batch]);
+    } else {
+      require(static_cast<std::size_t>(p.kv_indptr[batch]) == p.kv_indices.size(),
+              msg("kv_indptr[", batch, "]"), p.kv_indptr[batch],
+              " must equal kv_indices.size() = ", p.kv_indices.size());
+      check_pages(p.kv_indices, p.num_pages);
     }
   }
 
@@ -452,13 +483,16 @@ std::int64_t Plan::partial_rows() const {
 }
 
 Plan plan(const Problem& problem, const PlanOptions& options) {
-  // Validate before asking the device, so bad input reads as bad input in any build.
-  validate(problem, options);
+  // Validate before asking the device, so bad input reads as bad input in any build (a page
+  // table on the device is checked there).
   const detail::CurrentDeviceGuard keep(problem.device == DeviceKind::cuda);
+  validate(problem, options);
   auto state = std::make_unique<PlanState>(
       build_state(problem, options, resolve_sm_count(problem, options), 0));
   if (state->device == DeviceKind::cuda) {
+    state->device_kv_indices = problem.device_kv_indices;  // read by the upload only
     detail::cuda_upload_plan(*state);
+    state->device_kv_indices = {};
   } else {
     allocate_cpu_workspace(*state);
   }
@@ -478,17 +512,19 @@ void replan(Plan& p, const Problem& problem) {
   require_same(problem.device, s.device, "device");
   require_same(problem.device_id, s.device_id, "device_id");
   // Same options and sm_count as the original, so the capacities (and buffers) still fit.
-  validate(problem, s.options);
   const detail::CurrentDeviceGuard keep(s.device == DeviceKind::cuda);
+  validate(problem, s.options);
   PlanState next = build_state(problem, s.options, s.sm_count, s.ctas_per_sm);
   if (next.device == DeviceKind::cuda) {
     next.cuda = std::move(s.cuda);
+    next.device_kv_indices = problem.device_kv_indices;
     try {
       detail::cuda_upload_plan(next);
     } catch (...) {
       s.cuda = std::move(next.cuda);
       throw;
     }
+    next.device_kv_indices = {};
   } else {
     next.partial_o = std::move(s.partial_o);
     next.partial_lse = std::move(s.partial_lse);

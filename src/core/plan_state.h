@@ -64,6 +64,9 @@ struct PlanState {
 
   // CUDA state (device copies + workspace); null for CPU plans.
   std::unique_ptr<CudaPlanBuffers, CudaBuffersDeleter> cuda;
+  // plan() / replan() only, while cuda_upload_plan runs: the caller's page table on the device
+  // (Problem::device_kv_indices), copied instead of kv_indices (then empty).
+  TensorView device_kv_indices;
 };
 
 }  // namespace fp8mla::detail

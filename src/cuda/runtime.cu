@@ -107,6 +107,47 @@ void cuda_restore_device(int device_id) noexcept {
   if (cudaSetDevice(device_id) != cudaSuccess) (void)cudaGetLastError();
 }
 
+namespace {
+// Lowest index i with pages[i] outside [0, num_pages) into *first (left at ~0 when none).
+__global__ void first_page_outside_kernel(const std::int32_t* pages, std::int64_t n,
+                                          std::int64_t num_pages, unsigned long long* first) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int32_t page = pages[i];
+    if (page < 0 || page >= num_pages) atomicMin(first, static_cast<unsigned long long>(i));
+  }
+}
+}  // namespace
+
+PageOutside cuda_find_page_outside(const TensorView& pages, std::int64_t num_pages) {
+  require_visible(pages.device_id);
+  FP8MLA_CUDA_CHECK(cudaSetDevice(pages.device_id));
+  const std::int64_t n = pages.shape[0];
+  auto* first =
+      static_cast<unsigned long long*>(cuda_malloc(sizeof(unsigned long long), pages.device_id));
+  PageOutside found{-1, 0};
+  try {
+    FP8MLA_CUDA_CHECK(cudaMemset(first, 0xff, sizeof(unsigned long long)));
+    const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((n + 255) / 256, 1024));
+    first_page_outside_kernel<<<blocks, 256>>>(static_cast<const std::int32_t*>(pages.data), n,
+                                               num_pages, first);
+    FP8MLA_CUDA_CHECK_LAUNCH("first_page_outside_kernel");
+    unsigned long long index = 0;
+    FP8MLA_CUDA_CHECK(cudaMemcpy(&index, first, sizeof index, cudaMemcpyDeviceToHost));
+    if (index != ~0ull) {
+      found.index = static_cast<std::int64_t>(index);
+      FP8MLA_CUDA_CHECK(cudaMemcpy(&found.page,
+                                   static_cast<const std::int32_t*>(pages.data) + index,
+                                   sizeof found.page, cudaMemcpyDeviceToHost));
+    }
+  } catch (...) {
+    cuda_free(first);
+    throw;
+  }
+  cuda_free(first);
+  return found;
+}
+
 void destroy_cuda_buffers(CudaPlanBuffers* b) noexcept {
   if (b == nullptr) return;
   for (void* p : {static_cast<void*>(b->tiles), static_cast<void*>(b->counts),
@@ -166,7 +207,7 @@ void cuda_upload_plan(PlanState& plan) {
     } else {
       b->cap_batch = plan.batch;
       b->cap_tiles = static_cast<std::int64_t>(plan.tiles.size());
-      b->cap_kv_indices = static_cast<std::int64_t>(plan.kv_indices.size());
+      b->cap_kv_indices = plan.kv_indptr.empty() ? 0 : plan.kv_indptr.back();
       b->cap_sparse = static_cast<std::int64_t>(plan.sparse_indices.size());
       b->cap_partial_rows = plan.partial_rows;
       b->cap_merge = static_cast<std::int64_t>(merge.size());
@@ -209,7 +250,19 @@ void cuda_upload_plan(PlanState& plan) {
   upload(b.qo_indptr, plan.qo_indptr, b.cap_batch + 1, "qo_indptr");
   upload(b.num_splits, plan.num_splits, b.cap_batch, "num_splits");
   upload(b.partial_offset, plan.partial_offset, b.cap_batch, "partial_offset");
-  upload(b.kv_indices, plan.kv_indices, b.cap_kv_indices, "kv_indices");
+  if (plan.device_kv_indices.defined()) {  // the caller's table on the device: copied there
+    const std::int64_t n = plan.device_kv_indices.shape[0];
+    if (n > b.cap_kv_indices) {
+      throw Error(ErrorCode::invalid_argument, "device_kv_indices",
+                  msg(n, " entries exceed the graph-mode capacity ", b.cap_kv_indices,
+                      " fixed when the plan was made"));
+    }
+    FP8MLA_CUDA_CHECK(cudaMemcpyAsync(b.kv_indices, plan.device_kv_indices.data,
+                                      static_cast<std::size_t>(n) * sizeof(std::int32_t),
+                                      cudaMemcpyDeviceToDevice, cudaStreamLegacy));
+  } else {
+    upload(b.kv_indices, plan.kv_indices, b.cap_kv_indices, "kv_indices");
+  }
   upload(b.sparse, plan.sparse_indices, b.cap_sparse, "sparse_indices");
   upload(b.merge, merge, b.cap_merge, "merge rows");
   b.num_tiles = static_cast<std::int32_t>(plan.tiles.size());
@@ -219,6 +272,9 @@ void cuda_upload_plan(PlanState& plan) {
                      : *std::max_element(plan.num_splits.begin(), plan.num_splits.end());
   const std::vector<std::int32_t> counts = {b.num_tiles, b.num_merge};
   upload(b.counts, counts, 2, "counts");
+  // cudaMemcpy from pageable memory (and the device-to-device copy) may return before the DMA
+  // lands; run() may be on a stream that does not wait for the legacy one, so wait here.
+  FP8MLA_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
 }
 
 }  // namespace fp8mla::detail

@@ -173,6 +173,19 @@ TEST(ContextParallel, RejectsWhatItCannotShard) {
   sp.topk = 16;
   test::RandomCase cs = test::make_case(sp);
   EXPECT_THROW(shard_context(cs.problem(), 0, 2, shard), Error);
+  // A page table on the device: shards are cut on the host.
+  test::RandomCase cd = test::make_case(test::ProblemSpec{});
+  Problem on_device = cd.problem(DeviceKind::cuda);
+  std::vector<std::int32_t> table(on_device.kv_indices.begin(), on_device.kv_indices.end());
+  on_device.device_kv_indices = make_view(
+      table.data(), DType::i32, {static_cast<std::int64_t>(table.size())}, DeviceKind::cuda);
+  on_device.kv_indices = {};
+  try {
+    shard_context(on_device, 0, 2, shard);
+    FAIL() << "a device page table accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "problem.device_kv_indices") << e.what();
+  }
 }
 
 // The NCCL exchange's host-side checks (its GPU runs: tests/cuda/test_cuda_context_parallel.cpp).

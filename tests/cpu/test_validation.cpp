@@ -157,6 +157,34 @@ TEST(ValidationPlan, KvIndicesOutsideThePool) {
   expect_error([&] { negative.make(); }, {"kv_indices[0]", "[0, 16)"});
 }
 
+// A page table on the device (Problem::device_kv_indices): CUDA plans only, instead of
+// kv_indices, i32 [kv_indptr[batch]] on the plan's device. These checks come before any device
+// is asked, so `table` (standing for device memory) is never read.
+TEST(ValidationPlan, DeviceKvIndices) {
+  I32 table{0, 1, 2, 3, 4};
+  auto input = [&](DeviceKind plan_device, TensorView view, bool with_host_table) {
+    Input in;
+    in.p.device = plan_device;
+    in.p.device_kv_indices = view;
+    if (!with_host_table) in.kv_indices.clear();
+    return in;
+  };
+  const DeviceKind cuda = DeviceKind::cuda;
+  const TensorView good = make_view(table.data(), DType::i32, {5}, cuda);
+  Input cpu = input(DeviceKind::cpu, good, false);
+  expect_error([&] { cpu.make(); }, {"device_kv_indices", "CUDA plans"});
+  Input both = input(cuda, good, true);
+  expect_error([&] { both.make(); }, {"kv_indices", "give one of the two"});
+  Input dtype = input(cuda, make_view(table.data(), DType::f32, {5}, cuda), false);
+  expect_error([&] { dtype.make(); }, {"device_kv_indices.dtype", "expected i32"});
+  Input shape = input(cuda, make_view(table.data(), DType::i32, {4}, cuda), false);
+  expect_error([&] { shape.make(); }, {"device_kv_indices.shape[0]", "expected 5"});
+  Input host = input(cuda, make_view(table.data(), DType::i32, {5}), false);
+  expect_error([&] { host.make(); }, {"device_kv_indices.device", "expected cuda:0"});
+  Input other = input(cuda, make_view(table.data(), DType::i32, {5}, cuda, 1), false);
+  expect_error([&] { other.make(); }, {"device_kv_indices.device", "got cuda:1"});
+}
+
 TEST(ValidationPlan, KvLen) {
   Input size;
   size.kv_len = {5};

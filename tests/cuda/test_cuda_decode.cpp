@@ -819,5 +819,76 @@ TEST(CudaDevice, CallsGiveTheCallerItsDeviceBack) {
   EXPECT_EQ(token[kDimCkv], -2.0f);
 }
 
+// A page table on the device (Problem::device_kv_indices) plans what the host one does: the same
+// tiles and bit-identical output, run on a non-blocking stream right after plan() (its copies
+// have landed when plan() returns); an entry outside the pool is named with its index and value;
+// a graph-mode plan made and re-planned from device tables replays each batch.
+TEST(CudaPlan, DevicePageTableMatchesTheHostOne) {
+  SKIP_WITHOUT_GPU();
+  test::ProblemSpec s = decode_spec(F8, 16, 1, 1, 3000, 94);
+  s.batch = 6;
+  s.spare_pages = 6400;  // the second batch's longer contexts
+  s.poison_unused = false;
+  test::RandomCase c = test::make_case(s);
+  test::HostOutput ref = reference(c);
+  DeviceBuffer cache(c.cache), q(c.q), table(c.kv_indices);
+  auto on_device = [](const test::RandomCase& k, const DeviceBuffer& t) {
+    Problem p = k.problem(DeviceKind::cuda);
+    p.kv_indices = {};
+    p.device_kv_indices = make_view(
+        t.ptr, DType::i32, {static_cast<std::int64_t>(k.kv_indices.size())}, DeviceKind::cuda);
+    return p;
+  };
+  TestStream stream;
+  DeviceOutput host_out(c, 256), dev_out(c, 256);
+  const Plan from_host = plan(c.problem(DeviceKind::cuda));
+  const Plan from_device = plan(on_device(c, table));
+  ASSERT_EQ(from_host.tiles().size(), from_device.tiles().size());
+  RunArgs a = device_args(c, cache, q, host_out);
+  a.stream = stream.s;
+  run(from_host, a);
+  RunArgs b = device_args(c, cache, q, dev_out);
+  b.stream = stream.s;
+  run(from_device, b);
+  check_cuda(cudaStreamSynchronize(stream.s));
+  expect_matches(host_out, ref, "host page table");
+  expect_matches(dev_out, ref, "device page table");
+  EXPECT_EQ(host_out.out.to_host<std::uint16_t>(), dev_out.out.to_host<std::uint16_t>());
+
+  std::vector<std::int32_t> bad = c.kv_indices;
+  const std::size_t at = bad.size() * 2 / 3;
+  bad[at] = static_cast<std::int32_t>(c.num_pages) + 5;
+  DeviceBuffer bad_table(bad);
+  try {
+    (void)plan(on_device(c, bad_table));
+    ADD_FAILURE() << "a page outside the pool accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "device_kv_indices[" + std::to_string(at) + "]") << e.what();
+    EXPECT_NE(std::string(e.what()).find(std::to_string(bad[at]) + " is outside the pool"),
+              std::string::npos)
+        << e.what();
+  }
+
+  PlanOptions o;
+  o.cuda_graph = true;
+  o.max_batch = o.max_total_q = 8;
+  o.max_kv_indices = static_cast<std::int64_t>(c.num_pages);
+  o.max_qo_len = 1;
+  Plan g = plan(on_device(c, table), o);
+  DeviceOutput d(c, 0);
+  RunArgs ga = device_args(c, cache, q, d);
+  ga.stream = stream.s;
+  CapturedGraph graph(stream.s, [&] { run(g, ga); });
+  graph.replay();
+  expect_matches(d, ref, "graph, device page table");
+  test::RandomCase c2 = with_new_lengths(c, 5000, 95);
+  DeviceBuffer table2(c2.kv_indices);
+  replan(g, on_device(c2, table2));
+  d.poison_all();
+  graph.replay();
+  test::HostOutput ref2 = reference(c2);
+  expect_matches(d, ref2, "graph, re-planned on device");
+}
+
 }  // namespace
 }  // namespace fp8mla

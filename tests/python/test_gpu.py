@@ -211,3 +211,28 @@ def test_exact_scores_option(rng, exact):
                         lse_rtol=None if exact else ref.GPU_FP8_SCORES_LSE_RTOL)
     if exact:
         ref.assert_close(lse, rl * ref.LOG2E, ref.LSE_RTOL, ref.LSE_ATOL, "exact_scores lse")
+
+
+def test_device_page_table(rng):
+    """kv_indices as a CUDA tensor (int32 or int64) stays on the GPU (Problem::device_kv_indices:
+    checked and copied there): the same bits as a host page table, and an entry outside the
+    pool named as device_kv_indices[i]."""
+    b = ref.Batch(rng, [3000, 17, 640], [1, 1, 1], 1)
+    data, _ = ref.make_pool(rng, "fp8_e4m3", b.num_pages, 1)
+    q_bits, _ = ref.random_q(rng, b.total_q, 16)
+    tckv, tkpe = cases.torch_cache(data, "fp8_e4m3", DEVICE)
+    qt = cases.bf16(q_bits, DEVICE)
+    outs = []
+    for table in (np.asarray(b.kv_indices, np.int32),
+                  torch.from_numpy(np.asarray(b.kv_indices, np.int64)).to(DEVICE)):
+        w = cases.make_wrapper(DEVICE)
+        w.plan(b.qo_indptr, b.kv_indptr, table, b.kv_len, 16, 512, 64, 1, False, 0.1,
+               torch.bfloat16, torch.float8_e4m3fn, num_pages=b.num_pages)
+        outs.append(w.run(qt[:, :, :512], qt[:, :, 512:], tckv, tkpe, return_lse=True))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    bad = torch.from_numpy(np.asarray(b.kv_indices, np.int32)).to(DEVICE)
+    bad[1234] = b.num_pages
+    w = cases.make_wrapper(DEVICE)
+    with pytest.raises(ValueError, match=r"device_kv_indices\[1234\]"):
+        w.plan(b.qo_indptr, b.kv_indptr, bad, b.kv_len, 16, 512, 64, 1, False, 0.1,
+               torch.bfloat16, torch.float8_e4m3fn, num_pages=b.num_pages)
