@@ -6,11 +6,13 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <numeric>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "bench/baselines/baselines_cuda.h"
@@ -200,7 +202,46 @@ struct CaseRunner {
   }
 };
 
-void write_json(const std::string& path, const Ceilings& c, const std::vector<CaseResult>& rs) {
+// plan()'s host time (median of 7) for batches a server plans once a step, fp8, 16 heads: with
+// the page table on the host (checked there and uploaded) and on the device
+// (Problem::device_kv_indices: checked and copied there).
+struct PlanTime {
+  int batch, context, page_size;
+  double host_us, device_us;
+};
+
+std::vector<PlanTime> measure_plan_times() {
+  std::vector<PlanTime> times;
+  for (const auto& [bs, ctx, ps] : {std::tuple{128, 8192, 1}, {128, 8192, 64}, {1, 131072, 1}}) {
+    const UniformBatch batch(bs, ctx, ps, 1, 7);
+    const std::vector<std::int32_t>& pages = batch.regions[0];
+    const auto n = static_cast<std::int64_t>(pages.size());
+    auto* table = static_cast<std::int32_t*>(detail::cuda_malloc(pages.size() * 4, 0));
+    detail::cuda_copy_to_device(table, pages.data(), pages.size() * 4);
+    const Problem host = batch.problem(pages, 16, ps, n, KvFormat::fp8_e4m3);
+    Problem device = host;
+    device.kv_indices = {};
+    device.device_kv_indices = make_view(table, DType::i32, {n}, DeviceKind::cuda);
+    auto median_us = [](const Problem& p) {
+      std::vector<double> us;
+      for (int i = 0; i < 7; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const Plan made = plan(p);
+        us.push_back(
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+                .count());
+      }
+      std::nth_element(us.begin(), us.begin() + 3, us.end());
+      return us[3];
+    };
+    times.push_back({bs, ctx, ps, median_us(host), median_us(device)});
+    detail::cuda_free(table);
+  }
+  return times;
+}
+
+void write_json(const std::string& path, const Ceilings& c, const std::vector<CaseResult>& rs,
+                const std::vector<PlanTime>& plans) {
   std::ofstream f(path);
   if (!f) throw Error(ErrorCode::invalid_argument, "--json", "cannot write " + path);
   f << "{\n  \"device\": \"" <<
@@ -221,6 +262,14 @@ void write_json(const std::string& path, const Ceilings& c, const std::vector<Ca
       << ", \"read_pct\": " << r.read_pct << ", \"tfs\": " << r.tfs
       << ", \"matmul_pct\": " << r.mm_pct << ", \"check_rel_l2\": " << r.check << "}"
       << (i + 1 < rs.size() ? "," : "") << "\n";
+  }
+  f << "  ],\n  \"plan_host_us\": [\n";
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    const PlanTime& p = plans[i];
+    f << "    {\"batch\": " << p.batch << ", \"context\": " << p.context
+      << ", \"page_size\": " << p.page_size << ", \"host_page_table\": " << p.host_us
+      << ", \"device_page_table\": " << p.device_us << "}" << (i + 1 < plans.size() ? "," : "")
+      << "\n";
   }
   f << "  ]\n}\n";
 }
@@ -277,7 +326,7 @@ int run_gpu_bench(const GpuBenchOptions& o) {
   const std::vector<int> qos = o.qo_lens.empty() ? std::vector<int>{1} : o.qo_lens;
   const std::vector<KvFormat> fmts =
       o.formats.empty() ? std::vector<KvFormat>{KvFormat::fp8_e4m3, KvFormat::bf16} : o.formats;
-  CaseRunner runner{s,           pool,    pool_bytes,         scratch,       scratch_bytes, ceil,
+  CaseRunner runner{s,           pool,    pool_bytes,         scratch,        scratch_bytes,  ceil,
                     o.baselines, o.quick, o.min_chunk_tokens, o.exact_scores, o.max_tile_rows};
   std::vector<CaseResult> all;
   int done = 0;
@@ -311,7 +360,13 @@ int run_gpu_bench(const GpuBenchOptions& o) {
                 r.us, r.gbs, r.read_pct, r.tfs, r.mm_pct,
                 r.check < 0 ? "-" : msg(r.check).substr(0, 8).c_str());
   }
-  if (!o.json_path.empty()) write_json(o.json_path, ceil, all);
+  const std::vector<PlanTime> plans = measure_plan_times();
+  std::printf("\nplan() on the host (fp8, 16 heads; once a step, for every layer):\n");
+  for (const PlanTime& p : plans) {
+    std::printf("  bs %d, ctx %d, page %d: page table on the host %.0f us, on the device %.0f us\n",
+                p.batch, p.context, p.page_size, p.host_us, p.device_us);
+  }
+  if (!o.json_path.empty()) write_json(o.json_path, ceil, all, plans);
   detail::cuda_free(pool);
   detail::cuda_free(scratch);
   FP8MLA_CUDA_CHECK(cudaStreamDestroy(s));
