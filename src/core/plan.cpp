@@ -147,17 +147,20 @@ void check_pages(I32Span pages, std::int64_t num_pages) {
   }
 }
 
-// A page table on the device (Problem::device_kv_indices): its view, then its ids, checked by the
-// CUDA backend where they are.
+// A page table on the device (Problem::device_kv_indices): its view here; its ids last
+// (check_device_page_ids), once every host-side check has passed.
 void check_device_pages(const Problem& p, std::int64_t entries) {
-  const TensorView& t = p.device_kv_indices;
   require(p.device == DeviceKind::cuda, "device_kv_indices",
           "is for CUDA plans; a CPU plan takes kv_indices on the host");
   require(p.kv_indices.empty(), "kv_indices", "given with device_kv_indices: give one of the two");
-  detail::check_tensor(t, "device_kv_indices", {DType::i32}, {entries}, DeviceKind::cuda,
-                       p.device_id);
-  if (entries == 0) return;
-  const auto [index, page] = detail::cuda_find_page_outside(t, p.num_pages);
+  detail::check_tensor(p.device_kv_indices, "device_kv_indices", {DType::i32}, {entries},
+                       DeviceKind::cuda, p.device_id);
+}
+
+// The ids of a device page table whose view check_device_pages passed, checked where they are.
+void check_device_page_ids(const Problem& p) {
+  if (p.device_kv_indices.shape[0] == 0) return;
+  const auto [index, page] = detail::cuda_find_page_outside(p.device_kv_indices, p.num_pages);
   if (index >= 0) {
     fail_at("device_kv_indices", index, page, " is outside the pool [0, ", p.num_pages, ")");
   }
@@ -228,9 +231,11 @@ void check_arrays(const Problem& p, const PlanOptions& o) {
           " exceeds the graph capacity options.max_batch = ", o.max_batch);
   require(total_q <= o.max_total_q, "qo_indptr", "total_q ", total_q,
           " exceeds the graph capacity options.max_total_q = ", o.max_total_q);
-  require(static_cast<std::int64_t>(p.kv_indices.size()) <= o.max_kv_indices, "kv_indices", "size ",
-          p.kv_indices.size(),
-          " exceeds the graph capacity options.max_kv_indices = ", o.max_kv_indices);
+  // The page table's size (on the host or the device), checked before any upload.
+  const std::int64_t page_ids =
+      device_pages ? p.kv_indptr[batch] : static_cast<std::int64_t>(p.kv_indices.size());
+  require(page_ids <= o.max_kv_indices, device_pages ? "device_kv_indices" : "kv_indices", "size ",
+          page_ids, " exceeds the graph capacity options.max_kv_indices = ", o.max_kv_indices);
   const std::int64_t max_qo_len = graph_max_qo_len(o);
   for (std::size_t r = 0; r < batch; ++r) {
     const std::int64_t qo_len = p.qo_indptr[r + 1] - p.qo_indptr[r];
@@ -393,6 +398,7 @@ void validate(const Problem& p, const PlanOptions& o) {
   check_options(o);
   check_scalars(p);
   check_arrays(p, o);
+  if (p.device_kv_indices.defined()) check_device_page_ids(p);
 }
 
 // Everything but the device upload and the CPU workspace, for a validated problem. ctas_per_sm

@@ -183,6 +183,14 @@ TEST(ValidationPlan, DeviceKvIndices) {
   expect_error([&] { host.make(); }, {"device_kv_indices.device", "expected cuda:0"});
   Input other = input(cuda, make_view(table.data(), DType::i32, {5}, cuda, 1), false);
   expect_error([&] { other.make(); }, {"device_kv_indices.device", "got cuda:1"});
+  Input graph = input(cuda, good, false);
+  graph.o.cuda_graph = true;
+  graph.o.max_batch = 2;
+  graph.o.max_total_q = 3;
+  graph.o.max_kv_indices = 4;
+  expect_error(
+      [&] { graph.make(); },
+      {"device_kv_indices", "size 5 exceeds the graph capacity options.max_kv_indices = 4"});
 }
 
 TEST(ValidationPlan, KvLen) {
