@@ -12,8 +12,8 @@ small='Grid/CudaDecodeGrid.MatchesReference/*_25:Grid/CudaDecodeGrid.MatchesRefe
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; $t --gtest_filter='*Cuda*' --gtest_brief=1; } \
   > "$out/gpu_tests.txt" 2>&1
 echo "gpu tests rc=$?"; tail -4 "$out/gpu_tests.txt"
-{ echo "\$ compute-sanitizer --tool memcheck $t --gtest_filter='$small:CudaDecodeSplit*'"
-  timeout 120 compute-sanitizer --tool memcheck $t --gtest_filter="$small:CudaDecodeSplit*" --gtest_brief=1
+{ echo "\$ compute-sanitizer --tool memcheck $t --gtest_filter='$small:CudaDecodeSplit*:CudaPlan.DevicePageTable*'"
+  timeout 120 compute-sanitizer --tool memcheck $t --gtest_filter="$small:CudaDecodeSplit*:CudaPlan.DevicePageTable*" --gtest_brief=1
   echo "\$ compute-sanitizer --tool racecheck $t --gtest_filter='$small'"
   timeout 200 compute-sanitizer --tool racecheck $t --gtest_filter="$small" --gtest_brief=1; } > "$out/sanitizer.txt" 2>&1
 grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$out/sanitizer.txt"
