@@ -115,6 +115,21 @@ class KvReader {
     }
   }
 
+  // Asks the caches for token (page, offset) ahead of its read: pages sit anywhere in the pool
+  // (SGLang's page 1 scatters every token), which no hardware prefetcher predicts.
+  [[gnu::always_inline]] void prefetch(std::int64_t page, std::int64_t offset) const {
+    const std::uint8_t* c = ckv_ + page * ckv_page_stride_ + offset * ckv_token_stride_;
+    const int ckv_bytes = format_ == KvFormat::bf16             ? 2 * kDimCkv
+                          : format_ == KvFormat::fp8_e4m3_block ? kBlockRopeOffset + 2 * kDimKpe
+                                                                : kDimCkv;
+    for (int b = 0; b < ckv_bytes; b += 64) __builtin_prefetch(c + b);
+    if (format_ != KvFormat::fp8_e4m3_block) {
+      const std::uint8_t* k = kpe_ + page * kpe_page_stride_ + offset * kpe_token_stride_;
+      const int kpe_bytes = format_ == KvFormat::bf16 ? 2 * kDimKpe : kDimKpe;
+      for (int b = 0; b < kpe_bytes; b += 64) __builtin_prefetch(k + b);
+    }
+  }
+
   // Decodes one token into a contiguous 576-float row (ckv then kpe).
   [[gnu::always_inline]] void read(std::int64_t page, std::int64_t offset, float* token) const {
     read(page, offset, token, token + kDimCkv);
