@@ -33,9 +33,10 @@ echo "bench --cp 1 rc=$?"; tail -6 "$out/cp1.txt"
 # tiles of <= 16 rows (PlanOptions::max_tile_rows: more tiles, each reading the pages, on the
 # <= 16-row kernels; bench/NOTES.md mtp1). Last, so a lease that runs out of time loses only
 # these (NO_MTP=1 skips them).
-mtp() {  # mtp NAME ARGS...: one short bench, to $out/NAME.{txt,json}
+mtp() {  # mtp NAME ARGS...: one short bench, to $out/NAME.{txt,json}, while the call has time
   local name=$1
   shift
+  if [ "$SECONDS" -gt 490 ]; then echo "bench $name skipped: ${SECONDS} s into a 600-s call"; return; fi
   timeout 90 build-cuda/tools/fp8mla/fp8mla bench --quick --context 4096 --page-size 64 \
     --format fp8_e4m3 --no-baselines --no-progress --json "$out/$name.json" "$@" > "$out/$name.txt" 2>&1
   echo "bench $name rc=$?"
