@@ -189,7 +189,9 @@ def page_table(x, device):
     if x.dtype != torch.int32 and x.numel():
         lo, hi = (int(v) for v in torch.aminmax(x))  # one sync
         _int_range_check(lo, hi, "kv_indices")
-    t = x.detach().to(dtype=torch.int32).contiguous()
+    # A copy, as host_i32 makes: the wrapper keeps it for a later re-plan, and the caller may
+    # rewrite its buffer meanwhile.
+    t = x.detach().to(dtype=torch.int32, copy=True).contiguous()
     torch.cuda.current_stream(x.device).synchronize()
     return t
 
