@@ -204,10 +204,11 @@ struct CaseRunner {
 
 // plan()'s host time (median of 7) for batches a server plans once a step, fp8, 16 heads: with
 // the page table on the host (checked there and uploaded) and on the device
-// (Problem::device_kv_indices: checked and copied there).
+// (Problem::device_kv_indices: checked and copied there); a fresh plan (which allocates its
+// device buffers) and a graph-mode replan (which rewrites them).
 struct PlanTime {
   int batch, context, page_size;
-  double host_us, device_us;
+  double plan_host_us, plan_device_us, replan_host_us, replan_device_us;
 };
 
 std::vector<PlanTime> measure_plan_times() {
@@ -222,11 +223,11 @@ std::vector<PlanTime> measure_plan_times() {
     Problem device = host;
     device.kv_indices = {};
     device.device_kv_indices = make_view(table, DType::i32, {n}, DeviceKind::cuda);
-    auto median_us = [](const Problem& p) {
+    auto median_us = [](auto&& fn) {
       std::vector<double> us;
       for (int i = 0; i < 7; ++i) {
         const auto t0 = std::chrono::steady_clock::now();
-        const Plan made = plan(p);
+        fn();
         us.push_back(
             std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
                 .count());
@@ -234,7 +235,14 @@ std::vector<PlanTime> measure_plan_times() {
       std::nth_element(us.begin(), us.begin() + 3, us.end());
       return us[3];
     };
-    times.push_back({bs, ctx, ps, median_us(host), median_us(device)});
+    PlanOptions graph;
+    graph.cuda_graph = true;
+    graph.max_batch = graph.max_total_q = bs;
+    graph.max_kv_indices = n;
+    Plan g = plan(host, graph);
+    times.push_back({bs, ctx, ps, median_us([&] { (void)plan(host); }),
+                     median_us([&] { (void)plan(device); }), median_us([&] { replan(g, host); }),
+                     median_us([&] { replan(g, device); })});
     detail::cuda_free(table);
   }
   return times;
@@ -267,9 +275,11 @@ void write_json(const std::string& path, const Ceilings& c, const std::vector<Ca
   for (std::size_t i = 0; i < plans.size(); ++i) {
     const PlanTime& p = plans[i];
     f << "    {\"batch\": " << p.batch << ", \"context\": " << p.context
-      << ", \"page_size\": " << p.page_size << ", \"host_page_table\": " << p.host_us
-      << ", \"device_page_table\": " << p.device_us << "}" << (i + 1 < plans.size() ? "," : "")
-      << "\n";
+      << ", \"page_size\": " << p.page_size << ", \"plan_host_page_table\": " << p.plan_host_us
+      << ", \"plan_device_page_table\": " << p.plan_device_us
+      << ", \"graph_replan_host_page_table\": " << p.replan_host_us
+      << ", \"graph_replan_device_page_table\": " << p.replan_device_us << "}"
+      << (i + 1 < plans.size() ? "," : "") << "\n";
   }
   f << "  ]\n}\n";
 }
@@ -361,10 +371,14 @@ int run_gpu_bench(const GpuBenchOptions& o) {
                 r.check < 0 ? "-" : msg(r.check).substr(0, 8).c_str());
   }
   const std::vector<PlanTime> plans = measure_plan_times();
-  std::printf("\nplan() on the host (fp8, 16 heads; once a step, for every layer):\n");
+  std::printf(
+      "\nplan() on the host, us (fp8, 16 heads; once a step, for every layer), page table on\n"
+      "the host / on the device: a fresh plan (allocates its device buffers), a graph-mode "
+      "replan\n");
   for (const PlanTime& p : plans) {
-    std::printf("  bs %d, ctx %d, page %d: page table on the host %.0f us, on the device %.0f us\n",
-                p.batch, p.context, p.page_size, p.host_us, p.device_us);
+    std::printf("  bs %d, ctx %d, page %d: plan %.0f / %.0f, replan %.0f / %.0f\n", p.batch,
+                p.context, p.page_size, p.plan_host_us, p.plan_device_us, p.replan_host_us,
+                p.replan_device_us);
   }
   if (!o.json_path.empty()) write_json(o.json_path, ceil, all, plans);
   detail::cuda_free(pool);
