@@ -31,7 +31,8 @@ constexpr int kChunk = 32;  // tokens decoded at once: 32 x 576 floats = 72 KiB,
 constexpr int kGroup = 4;   // rows sharing each load of a decoded value
 // Tokens between a token's prefetch and its decode (KvReader::prefetch): pages sit anywhere in
 // the pool, so without it every token's first line is a DRAM miss. At page 1 it took the demo's
-// native step from 19 to 12 ms a layer on a 2-core host; 4 to 32 ahead measured alike.
+// native step from 19 to 12 ms a layer on a 2-core host; 4 to 32 ahead measured alike
+// (bench/NOTES.md cpu1).
 constexpr int kPrefetchAhead = 16;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
