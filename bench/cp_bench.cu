@@ -20,6 +20,7 @@
 namespace fp8mla::bench {
 namespace {
 
+using detail::DeviceMemory;
 using detail::msg;
 
 // The GPU tests' bounds (tests/cuda/gpu_test_util.h): the merged result against one GPU's.
@@ -34,19 +35,6 @@ struct CpResult {
   bool ok() const { return rel_l2 <= kOutTol && lse_err <= kLseTol; }
 };
 
-// Device memory for one case, freed on every path.
-struct DeviceBytes {
-  void* ptr;
-  DeviceBytes(std::size_t bytes, int device_id) : ptr(detail::cuda_malloc(bytes, device_id)) {}
-  ~DeviceBytes() { detail::cuda_free(ptr); }
-  DeviceBytes(const DeviceBytes&) = delete;
-  DeviceBytes& operator=(const DeviceBytes&) = delete;
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(ptr);
-  }
-};
-
 template <class T>
 std::vector<T> to_host(const T* p, std::size_t n) {
   std::vector<T> v(n);
@@ -56,7 +44,7 @@ std::vector<T> to_host(const T* p, std::size_t n) {
 
 // The merged result (rows [rows, 2 rows) of out / lse) against the one-GPU result (rows
 // [0, rows)): out's relative L2 error and lse's |got - want| / max(1, |want|).
-void compare(const DeviceBytes& out, const DeviceBytes& lse, std::int64_t rows, CpResult& r) {
+void compare(const DeviceMemory& out, const DeviceMemory& lse, std::int64_t rows, CpResult& r) {
   const auto o16 = to_host(out.as<std::uint16_t>(), static_cast<std::size_t>(2 * rows * 512));
   const auto l32 = to_host(lse.as<float>(), static_cast<std::size_t>(2 * rows));
   double num = 0, den = 0;
@@ -84,12 +72,12 @@ struct CpRunner {
     const bool lead = comm.rank() == 0;
     const std::int64_t tb = token_bytes(f), per_req = (ctx + ps - 1) / ps;
     const std::int64_t pages = regions * per_req;
-    DeviceBytes pool(static_cast<std::size_t>(pages * ps * tb), dev);
+    DeviceMemory pool(static_cast<std::size_t>(pages * ps * tb), dev);
     fill_pool(s, pool.as<std::uint8_t>(), pages * ps, f, 2024);
     const std::int64_t rows = heads;
-    DeviceBytes q(static_cast<std::size_t>(rows * 576 * 2), dev);
-    DeviceBytes out(static_cast<std::size_t>(2 * rows * 512 * 2), dev);  // one GPU | N GPUs
-    DeviceBytes lse(static_cast<std::size_t>(2 * rows * 4), dev);
+    DeviceMemory q(static_cast<std::size_t>(rows * 576 * 2), dev);
+    DeviceMemory out(static_cast<std::size_t>(2 * rows * 512 * 2), dev);  // one GPU | N GPUs
+    DeviceMemory lse(static_cast<std::size_t>(2 * rows * 4), dev);
     fill_bf16(s, q.as<std::uint16_t>(), rows * 576, 5);
 
     const UniformBatch batch(1, ctx, ps, regions,
@@ -176,7 +164,7 @@ int run_cp_bench(const CpBenchOptions& o) {
     std::size_t free_b = 0, total_b = 0;
     FP8MLA_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     const std::size_t bytes = std::min<std::size_t>(std::size_t{8} << 30, free_b / 4);
-    DeviceBytes buf(bytes, comm.device_id());
+    DeviceMemory buf(bytes, comm.device_id());
     read_gbs = measure_read_gbs(s, buf.as<std::uint8_t>(), bytes);
   }
   const std::vector<int> heads = o.heads.empty() ? std::vector<int>{8} : o.heads;

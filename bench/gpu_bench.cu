@@ -174,7 +174,8 @@ struct CaseRunner {
     std::vector<std::int32_t> identity(static_cast<std::size_t>(per_call));
     std::iota(identity.begin(), identity.end(), 0);
     Plan gather_plan = make_plan(identity, KvFormat::bf16, per_call);
-    auto* d_pages = static_cast<std::int32_t*>(detail::cuda_malloc(per_call * 4, 0));
+    const detail::DeviceMemory pages_buf(static_cast<std::size_t>(per_call) * 4, 0);
+    auto* d_pages = pages_buf.as<std::int32_t>();
     detail::cuda_copy_to_device(d_pages, indices[0].data(), static_cast<std::size_t>(per_call) * 4);
     KvCacheView gdst = cache_view(bf16_area, KvFormat::bf16, per_call, ps);
     bargs.kv = gdst;
@@ -183,7 +184,6 @@ struct CaseRunner {
                                                  per_call, gdst, s);
              fp8mla::run(gather_plan, bargs);
            }));
-    detail::cuda_free(d_pages);
     // Same inputs, same answers: native (region 0) against gather-then-cast.
     fp8mla::run(plans[0], args);
     FP8MLA_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -217,7 +217,8 @@ std::vector<PlanTime> measure_plan_times() {
     const UniformBatch batch(bs, ctx, ps, 1, 7);
     const std::vector<std::int32_t>& pages = batch.regions[0];
     const auto n = static_cast<std::int64_t>(pages.size());
-    auto* table = static_cast<std::int32_t*>(detail::cuda_malloc(pages.size() * 4, 0));
+    const detail::DeviceMemory table_buf(pages.size() * 4, 0);
+    auto* table = table_buf.as<std::int32_t>();
     detail::cuda_copy_to_device(table, pages.data(), pages.size() * 4);
     const Problem host = batch.problem(pages, 16, ps, n, KvFormat::fp8_e4m3);
     Problem device = host;
@@ -243,7 +244,6 @@ std::vector<PlanTime> measure_plan_times() {
     times.push_back({bs, ctx, ps, median_us([&] { (void)plan(host); }),
                      median_us([&] { (void)plan(device); }), median_us([&] { replan(g, host); }),
                      median_us([&] { replan(g, device); })});
-    detail::cuda_free(table);
   }
   return times;
 }
@@ -300,8 +300,9 @@ int run_gpu_bench(const GpuBenchOptions& o) {
   FP8MLA_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   const std::size_t pool_bytes = std::min<std::size_t>(std::size_t{16} << 30, free_b / 4);
   const std::size_t scratch_bytes = std::min<std::size_t>(std::size_t{8} << 30, free_b / 8);
-  auto* pool = static_cast<std::uint8_t*>(detail::cuda_malloc(pool_bytes, 0));
-  auto* scratch = static_cast<std::uint8_t*>(detail::cuda_malloc(scratch_bytes, 0));
+  const detail::DeviceMemory pool_buf(pool_bytes, 0), scratch_buf(scratch_bytes, 0);
+  auto* pool = pool_buf.as<std::uint8_t>();
+  auto* scratch = scratch_buf.as<std::uint8_t>();
 
   const Ceilings ceil = measure_ceilings(s, pool, pool_bytes);
   std::printf(
@@ -381,8 +382,6 @@ int run_gpu_bench(const GpuBenchOptions& o) {
                 p.replan_device_us);
   }
   if (!o.json_path.empty()) write_json(o.json_path, ceil, all, plans);
-  detail::cuda_free(pool);
-  detail::cuda_free(scratch);
   FP8MLA_CUDA_CHECK(cudaStreamDestroy(s));
   return 0;
 }

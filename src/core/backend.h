@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include "fp8mla/attention.h"
 #include "fp8mla/cache.h"
@@ -62,6 +63,27 @@ class CurrentDeviceGuard {
  private:
   int saved_;
 };
+// Device memory owned by a scope (cuda_malloc: zero-filled; cuda_free on destruction), for the
+// library's and the benches' buffers that are not a plan's.
+class DeviceMemory {
+ public:
+  DeviceMemory() = default;
+  DeviceMemory(std::size_t bytes, int device_id) : ptr_(cuda_malloc(bytes, device_id)) {}
+  ~DeviceMemory() { cuda_free(ptr_); }
+  DeviceMemory(DeviceMemory&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)) {}
+  DeviceMemory& operator=(DeviceMemory&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    return *this;
+  }
+  template <class T>
+  T* as() const noexcept {
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  void* ptr_ = nullptr;
+};
+
 // Uploads the plan's arrays into plan.cuda (allocating it, or reusing it in graph mode).
 void cuda_upload_plan(PlanState& plan);
 void cuda_run(PlanState& plan, const RunArgs& args);

@@ -115,23 +115,13 @@ NcclComm& NcclComm::operator=(NcclComm&& o) noexcept {
 
 // ---- ContextParallelPlan ----
 
-namespace {
-struct DeviceMemory {
-  void* ptr = nullptr;
-  DeviceMemory() = default;
-  DeviceMemory(const DeviceMemory&) = delete;
-  DeviceMemory& operator=(const DeviceMemory&) = delete;
-  ~DeviceMemory() { detail::cuda_free(ptr); }
-};
-}  // namespace
-
 struct ContextParallelPlan::State {
   const NcclComm* comm = nullptr;
   ContextShard shard;
   Plan local;
   std::vector<std::int32_t> qo_indptr;  // the batch's, fixed for graph-mode replans
   std::int64_t rows = 0;                // total_q x H
-  DeviceMemory out, lse;                // [world, rows, 512] bf16, [world, rows] f32
+  detail::DeviceMemory out, lse;        // [world, rows, 512] bf16, [world, rows] f32
 };
 
 ContextParallelPlan::ContextParallelPlan() = default;
@@ -169,8 +159,8 @@ ContextParallelPlan plan_context_parallel(const Problem& full, const NcclComm& c
   s.qo_indptr = s.shard.qo_indptr;
   s.rows = std::int64_t{s.local.total_q()} * s.local.num_heads();
   const auto bytes = static_cast<std::size_t>(comm.world() * s.rows);
-  s.out.ptr = detail::cuda_malloc(bytes * kDimCkv * 2, comm.device_id());
-  s.lse.ptr = detail::cuda_malloc(bytes * 4, comm.device_id());
+  s.out = detail::DeviceMemory(bytes * kDimCkv * 2, comm.device_id());
+  s.lse = detail::DeviceMemory(bytes * 4, comm.device_id());
   return cp;
 }
 
@@ -224,8 +214,7 @@ void run_sharded(const Plan& local, int rank, int world, const ExchangeBuffers& 
 
 void run_context_parallel(const ContextParallelPlan& plan, const RunArgs& args) {
   const ContextParallelPlan::State& s = plan.state();
-  const detail::ExchangeBuffers x{static_cast<std::uint16_t*>(s.out.ptr),
-                                  static_cast<float*>(s.lse.ptr), s.rows};
+  const detail::ExchangeBuffers x{s.out.as<std::uint16_t>(), s.lse.as<float>(), s.rows};
   // In place: each rank's send buffer is its own slot of the receive buffer.
   const auto nccl_all_gather = [&](const detail::ExchangeBuffers& b) {
     const detail::NcclApi& api = nccl();

@@ -120,31 +120,23 @@ __global__ void first_page_outside_kernel(const std::int32_t* pages, std::int64_
 }  // namespace
 
 PageOutside cuda_find_page_outside(const TensorView& pages, std::int64_t num_pages) {
-  require_visible(pages.device_id);
-  FP8MLA_CUDA_CHECK(cudaSetDevice(pages.device_id));
+  cuda_set_device(pages.device_id);
   const std::int64_t n = pages.shape[0];
-  auto* first =
-      static_cast<unsigned long long*>(cuda_malloc(sizeof(unsigned long long), pages.device_id));
+  const DeviceMemory word(sizeof(unsigned long long), pages.device_id);
+  auto* first = word.as<unsigned long long>();
   PageOutside found{-1, 0};
-  try {
-    FP8MLA_CUDA_CHECK(cudaMemset(first, 0xff, sizeof(unsigned long long)));
-    const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((n + 255) / 256, 1024));
-    first_page_outside_kernel<<<blocks, 256>>>(static_cast<const std::int32_t*>(pages.data), n,
-                                               num_pages, first);
-    FP8MLA_CUDA_CHECK_LAUNCH("first_page_outside_kernel");
-    unsigned long long index = 0;
-    FP8MLA_CUDA_CHECK(cudaMemcpy(&index, first, sizeof index, cudaMemcpyDeviceToHost));
-    if (index != ~0ull) {
-      found.index = static_cast<std::int64_t>(index);
-      FP8MLA_CUDA_CHECK(cudaMemcpy(&found.page,
-                                   static_cast<const std::int32_t*>(pages.data) + index,
-                                   sizeof found.page, cudaMemcpyDeviceToHost));
-    }
-  } catch (...) {
-    cuda_free(first);
-    throw;
+  FP8MLA_CUDA_CHECK(cudaMemset(first, 0xff, sizeof(unsigned long long)));
+  const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((n + 255) / 256, 1024));
+  first_page_outside_kernel<<<blocks, 256>>>(static_cast<const std::int32_t*>(pages.data), n,
+                                             num_pages, first);
+  FP8MLA_CUDA_CHECK_LAUNCH("first_page_outside_kernel");
+  unsigned long long index = 0;
+  FP8MLA_CUDA_CHECK(cudaMemcpy(&index, first, sizeof index, cudaMemcpyDeviceToHost));
+  if (index != ~0ull) {
+    found.index = static_cast<std::int64_t>(index);
+    FP8MLA_CUDA_CHECK(cudaMemcpy(&found.page, static_cast<const std::int32_t*>(pages.data) + index,
+                                 sizeof found.page, cudaMemcpyDeviceToHost));
   }
-  cuda_free(first);
   return found;
 }
 
