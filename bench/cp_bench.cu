@@ -47,13 +47,8 @@ std::vector<T> to_host(const T* p, std::size_t n) {
 void compare(const DeviceMemory& out, const DeviceMemory& lse, std::int64_t rows, CpResult& r) {
   const auto o16 = to_host(out.as<std::uint16_t>(), static_cast<std::size_t>(2 * rows * 512));
   const auto l32 = to_host(lse.as<float>(), static_cast<std::size_t>(2 * rows));
-  double num = 0, den = 0;
-  for (std::int64_t i = 0; i < rows * 512; ++i) {
-    const double want = bf16_to_float(o16[i]), got = bf16_to_float(o16[rows * 512 + i]);
-    num += (got - want) * (got - want);
-    den += want * want;
-  }
-  r.rel_l2 = den > 0 ? std::sqrt(num / den) : (num > 0 ? INFINITY : 0.0);
+  const auto n = static_cast<std::size_t>(rows * 512);
+  r.rel_l2 = rel_l2_bf16(std::span(o16).subspan(n, n), std::span(o16).first(n));
   for (std::int64_t i = 0; i < rows; ++i) {
     const double want = l32[i], got = l32[rows + i];
     const double err = std::abs(got - want) / std::max(1.0, std::abs(want));

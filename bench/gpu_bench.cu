@@ -190,13 +190,7 @@ struct CaseRunner {
     std::vector<std::uint16_t> a(static_cast<std::size_t>(o_elems)), b(a.size());
     detail::cuda_copy_to_host(a.data(), out, a.size() * 2);
     detail::cuda_copy_to_host(b.data(), out_ref, b.size() * 2);
-    double num = 0, den = 0;
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      const double x = bf16_to_float(a[i]), y = bf16_to_float(b[i]);
-      num += (x - y) * (x - y);
-      den += y * y;
-    }
-    const double rel = den > 0 ? std::sqrt(num / den) : (num > 0 ? INFINITY : 0.0);
+    const double rel = rel_l2_bf16(a, b);
     for (CaseResult& r : results) r.check = rel;
     return results;
   }

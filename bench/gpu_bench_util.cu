@@ -113,6 +113,16 @@ void fill_bf16(cudaStream_t s, std::uint16_t* p, std::int64_t n, std::uint64_t s
   FP8MLA_CUDA_CHECK_LAUNCH("fill_bf16");
 }
 
+double rel_l2_bf16(std::span<const std::uint16_t> got, std::span<const std::uint16_t> want) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const double x = bf16_to_float(got[i]), y = bf16_to_float(want[i]);
+    num += (x - y) * (x - y);
+    den += y * y;
+  }
+  return den > 0 ? std::sqrt(num / den) : (num > 0 ? INFINITY : 0.0);
+}
+
 KvCacheView cache_view(std::uint8_t* base, KvFormat f, std::int64_t pages, int ps, int device_id) {
   const DeviceKind cuda = DeviceKind::cuda;
   KvCacheView v;

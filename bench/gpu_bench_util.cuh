@@ -65,6 +65,10 @@ void fill_pool(cudaStream_t s, std::uint8_t* pool, std::int64_t tokens, KvFormat
 // n bf16 values in (-2, 2), deterministic in seed.
 void fill_bf16(cudaStream_t s, std::uint16_t* p, std::int64_t n, std::uint64_t seed);
 
+// Relative L2 error of bf16 values `got` against `want` (same length), in float64; infinite when
+// `want` is all zeros and `got` is not.
+double rel_l2_bf16(std::span<const std::uint16_t> got, std::span<const std::uint16_t> want);
+
 // The cache view of a dense [pages, ps, token] pool of format f at base (SGLang's layout: ckv
 // and kpe as two views of one token).
 KvCacheView cache_view(std::uint8_t* base, KvFormat f, std::int64_t pages, int ps,

@@ -412,18 +412,19 @@ template <class V>
       attend_rows<V>(sc, begin, end, plan.sm_scale);
       filled = 0;
     };
+    // Position pos's slot, or -1 for a -1 or out-of-range entry (skipped).
     auto slot_at = [&](std::int64_t pos) -> std::int64_t {
-      return given.defined() ? *element_ptr<const std::int32_t>(given, t, pos)
-                             : plan.sparse_indices[t * plan.topk + pos];
+      const std::int64_t slot = given.defined() ? *element_ptr<const std::int32_t>(given, t, pos)
+                                                : plan.sparse_indices[t * plan.topk + pos];
+      return slot < ctx.num_slots ? slot : -1;
     };
     for (std::int64_t pos = tile.kv_begin; pos < tile.kv_end; ++pos) {
       if (pos + kPrefetchAhead < tile.kv_end) {
         const std::int64_t ahead = slot_at(pos + kPrefetchAhead);
-        if (ahead >= 0 && ahead < ctx.num_slots)
-          ctx.reader.prefetch(ahead >> ctx.page_shift, ahead & ctx.page_mask);
+        if (ahead >= 0) ctx.reader.prefetch(ahead >> ctx.page_shift, ahead & ctx.page_mask);
       }
       const std::int64_t slot = slot_at(pos);
-      if (slot < 0 || slot >= ctx.num_slots) continue;  // -1 and out-of-range entries
+      if (slot < 0) continue;  // -1 and out-of-range entries
       ctx.reader.read(slot >> ctx.page_shift, slot & ctx.page_mask, sc.k.data() + filled * kDimQk);
       if (++filled == kChunk) flush();
     }

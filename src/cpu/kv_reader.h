@@ -79,28 +79,31 @@ class KvReader {
         ckv_(static_cast<const std::uint8_t*>(kv.ckv.data)),
         ckv_page_stride_(byte_stride(kv.ckv, 0)),
         ckv_token_stride_(byte_stride(kv.ckv, 1)),
+        ckv_bytes_(kv.format == KvFormat::fp8_e4m3_block
+                       ? static_cast<int>(token_bytes(kv.format))
+                       : kDimCkv * static_cast<int>(dtype_size(kv.ckv.dtype))),
         ckv_scale_(kv.format == KvFormat::fp8_e4m3 ? kv.ckv_scale : 1.0f),
         kpe_scale_(kv.format == KvFormat::fp8_e4m3 ? kv.kpe_scale : 1.0f) {
     if (format_ != KvFormat::fp8_e4m3_block) {
       kpe_ = static_cast<const std::uint8_t*>(kv.kpe.data);
       kpe_page_stride_ = byte_stride(kv.kpe, 0);
       kpe_token_stride_ = byte_stride(kv.kpe, 1);
+      kpe_bytes_ = kDimKpe * static_cast<int>(dtype_size(kv.kpe.dtype));
     }
   }
 
   // Decodes one token into ckv[0, 512) and kpe[0, 64).
   [[gnu::always_inline]] void read(std::int64_t page, std::int64_t offset, float* ckv,
                                    float* kpe) const {
-    const std::uint8_t* c = ckv_ + page * ckv_page_stride_ + offset * ckv_token_stride_;
+    const std::uint8_t* c = ckv_at(page, offset);
     switch (format_) {
       case KvFormat::bf16:
         decode_bf16(c, kDimCkv, ckv);
-        decode_bf16(kpe_ + page * kpe_page_stride_ + offset * kpe_token_stride_, kDimKpe, kpe);
+        decode_bf16(kpe_at(page, offset), kDimKpe, kpe);
         return;
       case KvFormat::fp8_e4m3:
         decode_fp8(c, kDimCkv, ckv_scale_, ckv);
-        decode_fp8(kpe_ + page * kpe_page_stride_ + offset * kpe_token_stride_, kDimKpe, kpe_scale_,
-                   kpe);
+        decode_fp8(kpe_at(page, offset), kDimKpe, kpe_scale_, kpe);
         return;
       case KvFormat::fp8_e4m3_block: {
         // The scales sit at a 4-byte offset of a possibly unaligned token: memcpy, not a cast.
@@ -118,16 +121,10 @@ class KvReader {
   // Asks the caches for token (page, offset) ahead of its read: pages sit anywhere in the pool
   // (SGLang's page 1 scatters every token), which no hardware prefetcher predicts.
   [[gnu::always_inline]] void prefetch(std::int64_t page, std::int64_t offset) const {
-    const std::uint8_t* c = ckv_ + page * ckv_page_stride_ + offset * ckv_token_stride_;
-    const int ckv_bytes = format_ == KvFormat::bf16             ? 2 * kDimCkv
-                          : format_ == KvFormat::fp8_e4m3_block ? kBlockRopeOffset + 2 * kDimKpe
-                                                                : kDimCkv;
-    for (int b = 0; b < ckv_bytes; b += 64) __builtin_prefetch(c + b);
-    if (format_ != KvFormat::fp8_e4m3_block) {
-      const std::uint8_t* k = kpe_ + page * kpe_page_stride_ + offset * kpe_token_stride_;
-      const int kpe_bytes = format_ == KvFormat::bf16 ? 2 * kDimKpe : kDimKpe;
-      for (int b = 0; b < kpe_bytes; b += 64) __builtin_prefetch(k + b);
-    }
+    const std::uint8_t* c = ckv_at(page, offset);
+    for (int b = 0; b < ckv_bytes_; b += 64) __builtin_prefetch(c + b);
+    const std::uint8_t* k = kpe_at(page, offset);  // unused for block (kpe_bytes_ 0)
+    for (int b = 0; b < kpe_bytes_; b += 64) __builtin_prefetch(k + b);
   }
 
   // Decodes one token into a contiguous 576-float row (ckv then kpe).
@@ -139,6 +136,12 @@ class KvReader {
   static std::int64_t byte_stride(const TensorView& t, int dim) {
     return t.stride[dim] * static_cast<std::int64_t>(dtype_size(t.dtype));
   }
+  const std::uint8_t* ckv_at(std::int64_t page, std::int64_t offset) const {
+    return ckv_ + page * ckv_page_stride_ + offset * ckv_token_stride_;
+  }
+  const std::uint8_t* kpe_at(std::int64_t page, std::int64_t offset) const {
+    return kpe_ + page * kpe_page_stride_ + offset * kpe_token_stride_;
+  }
 
   KvFormat format_;
   const std::uint8_t* ckv_;            // byte address of ckv[0, 0, 0] (the whole token for block)
@@ -147,7 +150,9 @@ class KvReader {
   const std::uint8_t* kpe_ = nullptr;  // byte address of kpe[0, 0, 0]; unused for block
   std::int64_t kpe_page_stride_ = 0;
   std::int64_t kpe_token_stride_ = 0;
-  float ckv_scale_;  // fp8_e4m3 per-tensor scales (1 for the other formats)
+  int ckv_bytes_;      // a token's ckv bytes (the whole token for block), for prefetch
+  int kpe_bytes_ = 0;  // its kpe bytes (0 for block: inside the token)
+  float ckv_scale_;    // fp8_e4m3 per-tensor scales (1 for the other formats)
   float kpe_scale_;
 };
 

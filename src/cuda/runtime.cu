@@ -160,13 +160,17 @@ T* alloc(std::int64_t n, int device_id) {
       cuda_malloc(static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * sizeof(T), device_id));
 }
 
-template <class T>
-void upload(T* dst, const std::vector<T>& src, std::int64_t cap, const char* what) {
-  if (static_cast<std::int64_t>(src.size()) > cap) {
+void require_fits(std::int64_t entries, std::int64_t cap, const char* what) {
+  if (entries > cap) {
     throw Error(ErrorCode::invalid_argument, what,
-                msg(src.size(), " entries exceed the graph-mode capacity ", cap,
+                msg(entries, " entries exceed the graph-mode capacity ", cap,
                     " fixed when the plan was made"));
   }
+}
+
+template <class T>
+void upload(T* dst, const std::vector<T>& src, std::int64_t cap, const char* what) {
+  require_fits(static_cast<std::int64_t>(src.size()), cap, what);
   if (!src.empty()) cuda_copy_to_device(dst, src.data(), src.size() * sizeof(T));
 }
 
@@ -244,11 +248,7 @@ void cuda_upload_plan(PlanState& plan) {
   upload(b.partial_offset, plan.partial_offset, b.cap_batch, "partial_offset");
   if (plan.device_kv_indices.defined()) {  // the caller's table on the device: copied there
     const std::int64_t n = plan.device_kv_indices.shape[0];
-    if (n > b.cap_kv_indices) {
-      throw Error(ErrorCode::invalid_argument, "device_kv_indices",
-                  msg(n, " entries exceed the graph-mode capacity ", b.cap_kv_indices,
-                      " fixed when the plan was made"));
-    }
+    require_fits(n, b.cap_kv_indices, "device_kv_indices");
     FP8MLA_CUDA_CHECK(cudaMemcpyAsync(b.kv_indices, plan.device_kv_indices.data,
                                       static_cast<std::size_t>(n) * sizeof(std::int32_t),
                                       cudaMemcpyDeviceToDevice, cudaStreamLegacy));
