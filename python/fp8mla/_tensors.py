@@ -124,6 +124,20 @@ def _int_range_check(lo, hi, name):
         raise ValueError(f"{name}: values [{lo}, {hi}] do not fit in int32")
 
 
+def _torch_i32(x, name, ndim, device):
+    """A fresh, contiguous int32 copy on ``device`` of integer tensor ``x`` of ``ndim``
+    dimensions (ValueError names ``name``: dtype, shape, values beyond int32)."""
+    torch = torch_module()
+    if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+        raise ValueError(f"{name}: expected an integer tensor, got {x.dtype}")
+    if x.dim() != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimension(s), got shape {tuple(x.shape)}")
+    t = x.detach().to(device=device)
+    if t.dtype != torch.int32 and t.numel():
+        _int_range_check(int(t.min()), int(t.max()), name)
+    return t.to(dtype=torch.int32, copy=True).contiguous()
+
+
 def host_i32(x, name, ndim=1):
     """A fresh, contiguous host int32 copy of an index array (ValueError names ``name``).
 
@@ -136,14 +150,7 @@ def host_i32(x, name, ndim=1):
         return None
     torch = torch_module()
     if torch is not None and isinstance(x, torch.Tensor):
-        if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
-            raise ValueError(f"{name}: expected an integer tensor, got {x.dtype}")
-        if x.dim() != ndim:
-            raise ValueError(f"{name}: expected {ndim} dimension(s), got shape {tuple(x.shape)}")
-        t = x.detach().to(device="cpu")
-        if t.dtype != torch.int32 and t.numel():
-            _int_range_check(int(t.min()), int(t.max()), name)
-        t = t.to(dtype=torch.int32, copy=True).contiguous()
+        t = _torch_i32(x, name, ndim, "cpu")
         np = numpy_module()
         return t.numpy() if np is not None else t
     np = numpy_module()
@@ -182,16 +189,9 @@ def page_table(x, device):
     if (torch is None or not isinstance(x, torch.Tensor) or not x.is_cuda or kind != "cuda"
             or x.device.index != index):
         return host_i32(x, "kv_indices")
-    if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
-        raise ValueError(f"kv_indices: expected an integer tensor, got {x.dtype}")
-    if x.dim() != 1:
-        raise ValueError(f"kv_indices: expected 1 dimension(s), got shape {tuple(x.shape)}")
-    if x.dtype != torch.int32 and x.numel():
-        lo, hi = (int(v) for v in torch.aminmax(x))  # one sync
-        _int_range_check(lo, hi, "kv_indices")
     # A copy, as host_i32 makes: the wrapper keeps it for a later re-plan, and the caller may
     # rewrite its buffer meanwhile.
-    t = x.detach().to(dtype=torch.int32, copy=True).contiguous()
+    t = _torch_i32(x, "kv_indices", 1, x.device)
     torch.cuda.current_stream(x.device).synchronize()
     return t
 

@@ -38,3 +38,19 @@ def test_low_level(rng):
 
 def test_cache(rng):
     cases.case_cache(rng, DEVICE)
+
+
+def test_index_tensors_are_checked_and_converted():
+    """torch index arrays (int64 by default) are converted to int32, or refused with the
+    argument named: floats, extra dimensions, values beyond int32."""
+    import fp8mla
+
+    qo, kvp, kl = torch.tensor([0, 1]), torch.tensor([0, 2]), torch.tensor([100])
+    kw = dict(num_heads=8, page_size=64, num_pages=4, sm_scale=0.1)
+    p = fp8mla.plan(qo, kvp, torch.tensor([3, 1]), kl, **kw)
+    assert p.batch == 1 and p.total_q == 1
+    for kvi, message in [(torch.tensor([1.0, 2.0]), "kv_indices: expected an integer tensor"),
+                         (torch.tensor([[1, 2]]), "kv_indices: expected 1 dimension"),
+                         (torch.tensor([1, 2**31]), "kv_indices: values .* do not fit in int32")]:
+        with pytest.raises(ValueError, match=message):
+            fp8mla.plan(qo, kvp, kvi, kl, **kw)
