@@ -20,7 +20,7 @@ int cuda_device_count() noexcept {
 int cuda_sm_count(int) {
   no_cuda("device");
 }
-int cuda_ctas_per_sm(KvFormat, int, int) {
+int cuda_ctas_per_sm(const PlanState&) {
   no_cuda("problem.device");
 }
 void* cuda_malloc(std::size_t, int) {

@@ -287,9 +287,10 @@ int kernel_rows(const Problem& p, const PlanOptions& o) {
   return static_cast<int>(heads * std::min<std::int64_t>(q, b.max_q_per_tile));
 }
 
-int resolve_ctas_per_sm(const Problem& p, const PlanOptions& o, int rows) {
-  if (o.ctas_per_sm > 0) return o.ctas_per_sm;
-  if (p.device == DeviceKind::cuda) return detail::cuda_ctas_per_sm(p.kv_format, rows, p.device_id);
+// s: the problem's fields and kernel_rows set.
+int resolve_ctas_per_sm(const PlanState& s) {
+  if (s.options.ctas_per_sm > 0) return s.options.ctas_per_sm;
+  if (s.device == DeviceKind::cuda) return detail::cuda_ctas_per_sm(s);
   return 1;
 }
 
@@ -361,6 +362,7 @@ void partition(PlanState& s) {
   s.num_splits.assign(s.batch, 1);
   s.partial_offset.assign(s.batch, 0);
   s.partial_rows = 0;
+  s.longest_tile = 0;
   for (int r = 0; r < s.batch; ++r) {
     const std::int32_t q_len = qo_len(r);
     const std::int64_t len = length(r);
@@ -371,6 +373,7 @@ void partition(PlanState& s) {
     const int q_per_tile = std::min(q_len, b.max_q_per_tile);
     s.num_splits[r] = static_cast<std::int32_t>(splits);
     if (splits > 1) s.partial_rows += splits * q_len * s.num_heads;
+    s.longest_tile = std::max(s.longest_tile, std::min(len, chunk_r));
     for (std::int64_t split = 0; split < splits; ++split) {
       const auto kv_begin = static_cast<std::int32_t>(split * chunk_r);
       const auto kv_end = static_cast<std::int32_t>(std::min(len, (split + 1) * chunk_r));
@@ -417,7 +420,7 @@ PlanState build_state(const Problem& p, const PlanOptions& o, int sm_count, int 
   s.options = o;
   s.sm_count = sm_count;
   s.kernel_rows = kernel_rows(p, o);
-  s.ctas_per_sm = ctas_per_sm > 0 ? ctas_per_sm : resolve_ctas_per_sm(p, o, s.kernel_rows);
+  s.ctas_per_sm = ctas_per_sm > 0 ? ctas_per_sm : resolve_ctas_per_sm(s);
   s.batch = static_cast<int>(p.qo_indptr.size() - 1);
   s.total_q = p.qo_indptr.back();
   s.qo_indptr.assign(p.qo_indptr.begin(), p.qo_indptr.end());

@@ -50,6 +50,7 @@ struct PlanState {
   std::vector<std::int32_t> num_splits;      // [batch]
   std::vector<std::int64_t> partial_offset;  // [batch]
   std::int64_t partial_rows = 0;
+  std::int64_t longest_tile = 0;  // the most kv tokens a tile holds (kernel choice, decode.cu)
 
   // Sizes the device buffers must hold (src/core/plan.cpp derives them). Graph mode: bounds for
   // any problem within options.max_* (so replan() never reallocates); the index arrays' bounds

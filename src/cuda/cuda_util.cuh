@@ -445,6 +445,18 @@ __device__ __forceinline__ void wgmma_64x32x32_e4m3(float (&d)[16], std::uint64_
                                                     std::uint64_t b, int accumulate) {
   FP8MLA_WGMMA_64x32x32_E4M3;
 }
+// D (64 x 32 fp32) (+)= A (64 x 32 e4m3 in registers: the m16n8k32 A fragment of each warp's 16
+// rows) * B (32 x 32 e4m3, shared memory, K-major).
+__device__ __forceinline__ void wgmma_64x32x32_e4m3_rs(float (&d)[16], const std::uint32_t (&a)[4],
+                                                       std::uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %21, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3"
+      " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15},"
+      " {%16, %17, %18, %19}, %20, p, 1, 1;\n}\n"
+      : FP8MLA_WGMMA_D16
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
 #undef FP8MLA_WGMMA_64x32x32_E4M3
 #undef FP8MLA_WGMMA_64x32_SS
 #undef FP8MLA_WGMMA_64x64_RS

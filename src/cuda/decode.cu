@@ -10,6 +10,7 @@
 #include "src/cuda/cuda_util.cuh"
 #include "src/cuda/decode_bf16_seesaw_kernel.cuh"
 #include "src/cuda/decode_bf16_tma_kernel.cuh"
+#include "src/cuda/decode_fp8_gather_kernel.cuh"
 #include "src/cuda/decode_fp8_kernel.cuh"
 #include "src/cuda/decode_fp8_tma_kernel.cuh"
 #include "src/cuda/decode_kernel.cuh"
@@ -197,18 +198,29 @@ const std::array<std::array<KernelEntry, 3>, 3> kDecodeKernels = {{
 //   * fp8_e4m3 and bf16 tiles of <= 16 rows on dense page tables with pages of >= 8 tokens
 //     (decode_fp8_tma_kernel.cuh, decode_bf16_tma_kernel.cuh: tensor-map copies of page runs, S
 //     on wgmma); fp8_e4m3 when kpe_scale / ckv_scale is a power of two (q_pe carries it exactly;
-//     one cache scale, as PagedLatentCache keeps, gives 1). Smaller fp8 pages and sparse lists
-//     keep the fragment kernel: a tensor-map box of one token into the swizzled tile faults
-//     (misaligned address, bench/NOTES.md v50), and the TMA kernel with per-token copies gained
-//     only 2% on it (v65). PlanOptions::exact_scores keeps the fp8 fragment kernel (fp16
-//     products, fp32 sums);
-//   * bf16 tiles of <= 16 rows on dense pages of < 8 tokens: the bf16 TMA kernel's gather
-//     instantiation (one bulk copy a token into padded rows, issued by four producer warps; S's
-//     cache operand from registers; v66, v67);
+//     one cache scale, as PagedLatentCache keeps, gives 1). PlanOptions::exact_scores keeps the
+//     fp8 fragment kernel (fp16 products, fp32 sums), and sparse lists keep it too;
+//   * fp8_e4m3 tiles of <= 16 rows on dense pages of < 8 tokens, on the same conditions: the fp8
+//     gather kernel (decode_fp8_gather_kernel.cuh: one CTA an SM, one bulk copy a token into
+//     padded rows issued by four producer warps, each warpgroup taking alternate blocks whole,
+//     S's cache operand from registers; a tensor-map box of one token into the swizzled tile
+//     faults, bench/NOTES.md v50; v65, v68, v69);
+//   * bf16 tiles of <= 16 rows on dense pages of < 8 tokens, and on any page size in a plan with a
+//     tile of >= 32 blocks (kGatherMinTile): the bf16 TMA kernel's gather instantiation (one bulk
+//     copy a token into padded rows, issued by four producer warps; S's cache operand from
+//     registers; v66, v67);
 //   * bf16 tiles of 17-64 rows on dense pages of >= 64 tokens (a 64-token block is one page's
 //     run: nine boxes): FlashMLA's schedule (decode_bf16_seesaw_kernel.cuh: two warpgroups,
 //     tensor-map panels refilled by the warpgroup that read them last; bench/NOTES.md v53-v56).
+// bf16 tiles of <= 16 rows at pages >= 8 also take the gather instantiation when the plan has a
+// tile of >= 32 blocks: its producer warps' per-token copies then outrun the tensor-map boxes
+// (128/16/8192 page 64: 299 -> 284 us), while its first block lands later, which tiles of <= 16
+// blocks feel (1-11% slower; bench/NOTES.md v67). Graph plans keep the kernel they were captured
+// with; both compute the same function.
+constexpr std::int64_t kGatherMinTile = 32 * 64;
 const KernelEntry kFp8TmaKernel{&mla_decode_fp8_tma_kernel, fp8tma::kSmemBytes};
+const KernelEntry kFp8GatherKernel{&mla_decode_fp8_gather_kernel, fp8gather::kSmemBytes,
+                                   fp8gather::kCtaThreads};
 const KernelEntry kBf16TmaKernel{&mla_decode_bf16_tma_kernel<false>,
                                  bf16tma::Layout<false>::kSmemBytes};
 const KernelEntry kBf16GatherKernel{&mla_decode_bf16_tma_kernel<true>,
@@ -225,22 +237,26 @@ struct KernelChoice {
   const KernelEntry* kernel;
   bool tensor_maps;
 };
-KernelChoice choose_kernel(const PlanState& plan, KvFormat format, int row_tiles, float scale_nope,
-                           float scale_pe) {
+// pow2_scales: kpe_scale / ckv_scale is a power of two (pow2_ratio).
+KernelChoice choose_kernel(const PlanState& plan, KvFormat format, int row_tiles,
+                           bool pow2_scales) {
   const KernelChoice table{&decode_kernel(format, row_tiles), false};
   if (plan.topk != 0) return table;
   if (row_tiles > 1)
     return format == KvFormat::bf16 && plan.page_size >= 64 ? KernelChoice{&kBf16SeesawKernel, true}
                                                             : table;
   if (format == KvFormat::bf16)
-    return plan.page_size >= 8 ? KernelChoice{&kBf16TmaKernel, true}
-                               : KernelChoice{&kBf16GatherKernel, false};
+    return plan.page_size >= 8 && plan.longest_tile < kGatherMinTile
+               ? KernelChoice{&kBf16TmaKernel, true}
+               : KernelChoice{&kBf16GatherKernel, false};
+  if (format != KvFormat::fp8_e4m3 || !pow2_scales || plan.options.exact_scores) return table;
+  return plan.page_size >= 8 ? KernelChoice{&kFp8TmaKernel, true}
+                             : KernelChoice{&kFp8GatherKernel, false};
+}
+bool pow2_ratio(float scale_nope, float scale_pe) {
   int e = 0;
-  const bool pow2 = std::isnormal(scale_nope) && std::isnormal(scale_pe) &&
-                    std::frexp(scale_pe / scale_nope, &e) == 0.5f;
-  const bool tma =
-      format == KvFormat::fp8_e4m3 && plan.page_size >= 8 && pow2 && !plan.options.exact_scores;
-  return tma ? KernelChoice{&kFp8TmaKernel, true} : table;
+  return std::isnormal(scale_nope) && std::isnormal(scale_pe) &&
+         std::frexp(scale_pe / scale_nope, &e) == 0.5f;
 }
 
 // cuTensorMapEncodeTiled (a host function of the driver), found once through the runtime so the
@@ -325,9 +341,10 @@ std::int64_t byte_stride(const TensorView& t, int dim) {
 
 }  // namespace
 
-int cuda_ctas_per_sm(KvFormat format, int rows, int device_id) {
-  FP8MLA_CUDA_CHECK(cudaSetDevice(device_id));
-  const KernelEntry& k = decode_kernel(format, row_tiles_for(rows));
+int cuda_ctas_per_sm(const PlanState& plan) {
+  FP8MLA_CUDA_CHECK(cudaSetDevice(plan.device_id));
+  const KernelEntry& k =
+      *choose_kernel(plan, plan.kv_format, row_tiles_for(plan.kernel_rows), true).kernel;
   prepare(k);
   int n = 0;
   FP8MLA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k.fn, k.threads, k.smem));
@@ -393,7 +410,8 @@ void cuda_run(PlanState& plan, const RunArgs& args) {
   // Graph-mode plans launch their full capacity (idle CTAs exit at once), so a captured launch
   // stays valid when replan() changes the tile count.
   const std::int64_t grid = b.graph ? b.cap_tiles : b.num_tiles;
-  const KernelChoice choice = choose_kernel(plan, kv.format, b.row_tiles, p.scale_nope, p.scale_pe);
+  const KernelChoice choice =
+      choose_kernel(plan, kv.format, b.row_tiles, pow2_ratio(p.scale_nope, p.scale_pe));
   if (choice.tensor_maps && grid > 0) {
     const int element = kv.format == KvFormat::bf16 ? 2 : 1;  // bytes
     encode_page_map(p.ckv_map, p.ckv, 512 * element, plan.page_size, plan.num_pages,

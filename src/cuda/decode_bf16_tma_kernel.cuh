@@ -95,66 +95,10 @@ __device__ __forceinline__ void s_product_rows(float (&d)[8], const std::uint8_t
         i > 0);
 }
 
-// kGather's copies: four producer warps beside the kThreads math threads, lanes 0-15 of producer
-// warp w copying tokens 16 w + lane of each block, one bulk copy a token (decode::bulk_copy_token)
-// into a kPitch-byte row; a token past the tile's end is zero-filled, so P V reads zeros there
-// (its flag byte lands in the row's padding, unread: dense page tables only, whose mask is
-// kv_end). ptxas issues a bulk copy once per active lane through the uniform datapath: issued by
-// the math warps (v66) that loop sat on their chain, one producer warp issued too slowly for the
-// copies (1.25x), two or four keep the copies at their rate alone (bench/NOTES.md v67). A stage
-// completes on its full mbarrier (kBlockN arrivals, one a token) and is released by every math
-// thread (kThreads arrivals: with lane 0 arriving for its warp after a __syncwarp, racecheck
-// reports the copies against the other lanes' reads, bench/results/h200_v66_bf16_gather_ab.txt).
-inline constexpr int kProducerWarps = 4;
-inline constexpr int kProducerLanes = kBlockN / kProducerWarps;
-static_assert(kProducerLanes <= 32, "a token a producer lane");
-template <bool kGather>
-inline constexpr int kCtaThreads = kThreads + (kGather ? 32 * kProducerWarps : 0);
-
-struct TokenProducer {
-  // The producer warps' whole work: the stages' mbarriers (two at `full`, two at `released`),
-  // blocks 0 and 1, the CTA barrier after which the math warps wait on the mbarriers (cta_sync),
-  // then block blk into stage blk % 2 once block blk - 2 is released. Page-table entries are
-  // loaded a block ahead of their copies. pwarp: the producer warp, 0..kProducerWarps - 1.
-  __device__ static void run(const DecodeParams& p, const DeviceTile& tile, int pwarp, int lane,
-                             int n_blocks, std::uint8_t* stages, std::uint8_t* full,
-                             std::uint8_t* released) {
-    const int tok = kProducerLanes * pwarp + lane;
-    const bool copier = lane < kProducerLanes;
-    std::int32_t e0 = copier ? entry(p, tile, 0, tok) : 0;
-    std::int32_t e1 = copier ? entry(p, tile, 1, tok) : 0;
-    if (pwarp == 0 && lane == 0) fp8tma::init_stage_barriers(full, kBlockN, released, kThreads);
-    bar_sync_aligned<2, 32 * kProducerWarps>();  // the mbarriers, before any producer uses them
-    decode::begin_after_previous_kernel();
-    const auto issue = [&](int blk) {
-      if (copier) {
-        const int stage = blk % 2;
-        std::uint8_t* row = stages + stage * Layout<true>::kStageBytes + tok * kPitch;
-        decode::bulk_copy_token<1024, 128>(
-            p, decode::entry_slot_of<kBlockN>(p, tile.tile, blk, e0, tok), row, row + 1024 + 128,
-            full + 8 * stage);
-        e0 = e1;
-        e1 = entry(p, tile, blk + 2, tok);
-      }
-    };
-    for (int blk = 0; blk < min(n_blocks, 2); ++blk) issue(blk);
-    cta_sync();
-    for (int blk = 2; blk < n_blocks; ++blk) {
-      mbar_wait(released + 8 * (blk % 2), (blk / 2 - 1) % 2);
-      issue(blk);
-    }
-  }
-  // The CTA's one barrier of all its warps (after the mbarriers' set-up and Q), reached from
-  // different instructions by the producer and the math warps.
-  __device__ static void cta_sync() { named_barrier_sync(0, kCtaThreads<true>); }
-  static_assert(kPitch > 1024 + 128, "the flag byte lands in the padding");
-
- private:
-  __device__ static std::int32_t entry(const DecodeParams& p, const DeviceTile& tile, int blk,
-                                       int tok) {
-    return decode::token_entry_of<kBlockN>(p, tile.tile, tile.q_first, tile.kv_base, blk, tok);
-  }
-};
+// kGather's copies: fp8tma::TokenProducer's four producer warps, one bulk copy a token into a
+// kPitch-byte row (v66, v67).
+using fp8tma::kCtaThreads;
+using TokenProducer = fp8tma::TokenProducer<kStages, Layout<true>::kStageBytes, kPitch, 1024, 128>;
 
 // Byte offset of q row n (0..15), 8-dim chunk c (0..71) in the Q operand at kQ.
 template <int kQ>

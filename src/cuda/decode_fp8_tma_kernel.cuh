@@ -21,6 +21,9 @@
 //     converted into mma.sync B fragments), V read from the swizzled slabs.
 // Tokens past the tile's end inside a copied page run (and rows of runs not copied) are zeroed
 // before P V reads them: P is 0 there, but 0 * NaN would not be.
+// Pages of < 8 tokens run decode_fp8_gather_kernel.cuh (a one-token box into the swizzled layout
+// faults, bench/NOTES.md v50), which shares this file's store_q_terms, block_max, p_bits,
+// row_total and TokenProducer.
 #pragma once
 
 #include <cstdint>
@@ -132,10 +135,48 @@ __device__ __forceinline__ RowScales e4m3_row_scales(float amax_nope, float amax
           ldexpf(r, e - a + es - ek), e};
 }
 
-// Byte offset of q column n (0..31), 8-dim chunk c (0..71) in the Q operand.
+// Byte offset of q column n (0..31), 8-dim chunk c (0..71) in a Q operand at byte kQAt.
+template <int kQAt>
 __device__ __forceinline__ int q_offset(int n, int c) {
-  return c < 64 ? kQ + c / 16 * kQSlab + n / 8 * 1024 + sw128(n % 8, c % 16 * 8)
-                : kQ + 4 * kQSlab + n / 8 * 512 + sw64(n % 8, (c - 64) * 8);
+  return c < 64 ? kQAt + c / 16 * kQSlab + n / 8 * 1024 + sw128(n % 8, c % 16 * 8)
+                : kQAt + 4 * kQSlab + n / 8 * 512 + sw64(n % 8, (c - 64) * 8);
+}
+
+// Q row q_r (q_v: its 16-byte chunks q_part + 16 i, fp8frag::load_q_chunks, 16 threads a row)
+// as the B operand at byte kQAt of smem: the row's exponent (e4m3_row_scales) from the |q|
+// maxima of its 16 threads, its hi and lo e4m3 terms (split_e4m3; a row holding inf or NaN gets
+// NaN codes, so its outputs are NaN, never a finite guess), and scale[q_r] = scale_nope * 2^-e
+// for the scores.
+template <int kQAt>
+__device__ __forceinline__ void store_q_terms(const DecodeParams& p, const uint4 (&q_v)[5], int q_r,
+                                              int q_part, std::uint8_t* smem, float* scale) {
+  std::uint32_t mn = 0, mp = 0;  // |q| maxima as float bits (NaN above inf)
+#pragma unroll
+  for (int i = 0; i < 5; ++i) {
+    const int c = q_part + 16 * i;
+    if (c < 64) mn = max(mn, decode::abs_max_bits(q_v[i]));
+    if (c >= 64 && c < 72) mp = max(mp, decode::abs_max_bits(q_v[i]));
+  }
+#pragma unroll
+  for (int x = 8; x >= 1; x /= 2) {
+    mn = max(mn, __shfl_xor_sync(0xffffffffu, mn, x));
+    mp = max(mp, __shfl_xor_sync(0xffffffffu, mp, x));
+  }
+  const bool bad = mn >= 0x7f800000u || mp >= 0x7f800000u;
+  const RowScales rs = e4m3_row_scales(bad ? 0.0f : __uint_as_float(mn),
+                                       bad ? 0.0f : __uint_as_float(mp), p.scale_nope, p.scale_pe);
+#pragma unroll
+  for (int i = 0; i < 5; ++i) {
+    const int c = q_part + 16 * i;
+    if (c >= 72) continue;
+    uint2 hi, lo;
+    split_e4m3(q_v[i], c < 64 ? rs.nope : rs.pe_a, c < 64 ? 1.0f : rs.pe_b, hi, lo);
+    if (bad) hi = make_uint2(0x7f7f7f7fu, 0x7f7f7f7fu);
+    *reinterpret_cast<uint2*>(smem + q_offset<kQAt>(q_r, c)) = hi;
+    *reinterpret_cast<uint2*>(smem + q_offset<kQAt>(q_r + kRows, c)) = lo;
+  }
+  if (q_part == 0) scale[q_r] = p.scale_nope * __int_as_float((127 - rs.e) << 23);
+  fence_proxy_async();  // the generic stores above, read by wgmma (async proxy)
 }
 
 // The max over the 4 warps' values of a row and the row's running max: the thread that writes
@@ -145,15 +186,17 @@ __device__ __forceinline__ float block_max(const float* red_row, float running) 
   return fmaxf(fmaxf(fmaxf(m.x, m.y), fmaxf(m.z, m.w)), running);
 }
 
-// ---- the block steps both TMA kernels share (this one and decode_bf16_tma_kernel.cuh) ----
-// The two stages' mbarriers, `full` (full_arrivals a phase) and `released` (released_arrivals),
-// made visible to the TMA engine; one thread sets them up, before a barrier shows them to the
-// others.
+// ---- the block steps the <= 16-row kernels share (this one, decode_bf16_tma_kernel.cuh,
+// decode_fp8_gather_kernel.cuh) ----
+// The kStages stages' mbarriers, `full` (full_arrivals a phase) and `released`
+// (released_arrivals), made visible to the TMA engine; one thread sets them up, before a barrier
+// shows them to the others.
+template <int kStages = 2>
 __device__ __forceinline__ void init_stage_barriers(std::uint8_t* full, unsigned full_arrivals,
                                                     std::uint8_t* released,
                                                     unsigned released_arrivals) {
-  for (int s = 0; s < 2; ++s) mbar_init(full + 8 * s, full_arrivals);
-  for (int s = 0; s < 2; ++s) mbar_init(released + 8 * s, released_arrivals);
+  for (int s = 0; s < kStages; ++s) mbar_init(full + 8 * s, full_arrivals);
+  for (int s = 0; s < kStages; ++s) mbar_init(released + 8 * s, released_arrivals);
   fence_mbar_init();
 }
 
@@ -233,6 +276,72 @@ __device__ __forceinline__ void next_block(const Copier& runs, const DecodeParam
   }
   mbar_wait(full + 8 * (blk % 2), (blk / 2) % 2);  // block blk landed
 }
+
+// The gather kernels' copies (pages of < 8 tokens, where a one-token box into the swizzled
+// layout faults, bench/NOTES.md v50, and bf16's long tiles at any page size, v67b): four producer
+// warps beside the kThreads math threads, lanes 0-15 of producer warp w copying tokens 16 w + lane
+// of each block, one bulk copy a token (decode::bulk_copy_token: kCkv + kKpe bytes) into a
+// kPitch-byte row of a kStageBytes stage; a token past the tile's end is zero-filled, so P V reads
+// zeros there (its flag byte lands in the row's padding, unread: dense page tables only, whose mask
+// is kv_end). ptxas issues a bulk copy once per active lane through the uniform datapath: issued by
+// the math warps (v65, v66) that loop sat on their chain, one producer warp issued too slowly for
+// the copies (1.25x), two or four keep the copies at their rate alone (v67). A stage completes on
+// its full mbarrier (kBlockN arrivals, one a token) and is released by the kReleasers math threads
+// that read it (each thread arrives: with lane 0 arriving for its warp after a __syncwarp,
+// racecheck reports the copies against the other lanes' reads,
+// bench/results/h200_v66_bf16_gather_ab.txt).
+inline constexpr int kProducerWarps = 4;
+inline constexpr int kProducerLanes = kBlockN / kProducerWarps;
+static_assert(kProducerLanes <= 32, "a token a producer lane");
+template <bool kGather>
+inline constexpr int kCtaThreads = kThreads + (kGather ? 32 * kProducerWarps : 0);
+
+template <int kStages, int kStageBytes, int kPitch, int kCkv, int kKpe, int kReleasers = kThreads>
+struct TokenProducer {
+  static_assert(kPitch > kCkv + kKpe, "the flag byte lands in the padding");
+  // The producer warps' whole work: the stages' mbarriers (kStages at `full`, kStages at
+  // `released`), blocks 0 .. kStages - 1, the CTA barrier after which the math warps wait on the
+  // mbarriers (cta_sync), then block blk into stage blk % kStages once block blk - kStages is
+  // released. Page-table entries are loaded a block ahead of their copies. pwarp: the producer
+  // warp, 0..kProducerWarps - 1.
+  __device__ static void run(const DecodeParams& p, const DeviceTile& tile, int pwarp, int lane,
+                             int n_blocks, std::uint8_t* stages, std::uint8_t* full,
+                             std::uint8_t* released) {
+    const int tok = kProducerLanes * pwarp + lane;
+    const bool copier = lane < kProducerLanes;
+    std::int32_t e0 = copier ? entry(p, tile, 0, tok) : 0;
+    std::int32_t e1 = copier ? entry(p, tile, 1, tok) : 0;
+    if (pwarp == 0 && lane == 0) init_stage_barriers<kStages>(full, kBlockN, released, kReleasers);
+    bar_sync_aligned<2, 32 * kProducerWarps>();  // the mbarriers, before any producer uses them
+    decode::begin_after_previous_kernel();
+    const auto issue = [&](int blk) {
+      if (copier) {
+        const int stage = blk % kStages;
+        std::uint8_t* row = stages + stage * kStageBytes + tok * kPitch;
+        decode::bulk_copy_token<kCkv, kKpe>(
+            p, decode::entry_slot_of<kBlockN>(p, tile.tile, blk, e0, tok), row, row + kCkv + kKpe,
+            full + 8 * stage);
+        e0 = e1;
+        e1 = entry(p, tile, blk + 2, tok);
+      }
+    };
+    for (int blk = 0; blk < min(n_blocks, kStages); ++blk) issue(blk);
+    cta_sync();
+    for (int blk = kStages; blk < n_blocks; ++blk) {
+      mbar_wait(released + 8 * (blk % kStages), (blk / kStages - 1) % 2);
+      issue(blk);
+    }
+  }
+  // The CTA's one barrier of all its warps (after the mbarriers' set-up and Q), reached from
+  // different instructions by the producer and the math warps.
+  __device__ static void cta_sync() { named_barrier_sync(0, kCtaThreads<true>); }
+
+ private:
+  __device__ static std::int32_t entry(const DecodeParams& p, const DeviceTile& tile, int blk,
+                                       int tok) {
+    return decode::token_entry_of<kBlockN>(p, tile.tile, tile.q_first, tile.kv_base, blk, tok);
+  }
+};
 
 // The math warps' barrier: the CTA's, or (kProducer) named barrier 1 of the kThreads math
 // threads, which a producer warp beside them never joins.
@@ -422,39 +531,7 @@ __global__ void __maxnreg__(decode::kMaxRegsTwoCtas)
   fp8frag::load_q_chunks(p, t, q_first, rows, q_r, q_part, q_v);
   __syncthreads();
   if (copier && n_blocks > 0) runs.issue(p, 0, entry0, smem + kKv, smem + kBar);
-  {
-    std::uint32_t mn = 0, mp = 0;  // |q| maxima as float bits (NaN above inf)
-#pragma unroll
-    for (int i = 0; i < 5; ++i) {
-      const int c = q_part + 16 * i;
-      if (c < 64) mn = max(mn, decode::abs_max_bits(q_v[i]));
-      if (c >= 64 && c < 72) mp = max(mp, decode::abs_max_bits(q_v[i]));
-    }
-#pragma unroll
-    for (int x = 8; x >= 1; x /= 2) {
-      mn = max(mn, __shfl_xor_sync(0xffffffffu, mn, x));
-      mp = max(mp, __shfl_xor_sync(0xffffffffu, mp, x));
-    }
-    // A row holding inf or NaN gets NaN codes: its outputs are NaN, never a finite guess.
-    const bool bad = mn >= 0x7f800000u || mp >= 0x7f800000u;
-    const RowScales rs =
-        e4m3_row_scales(bad ? 0.0f : __uint_as_float(mn), bad ? 0.0f : __uint_as_float(mp),
-                        p.scale_nope, p.scale_pe);
-#pragma unroll
-    for (int i = 0; i < 5; ++i) {
-      const int c = q_part + 16 * i;
-      if (c >= 72) continue;
-      uint2 hi, lo;
-      split_e4m3(q_v[i], c < 64 ? rs.nope : rs.pe_a, c < 64 ? 1.0f : rs.pe_b, hi, lo);
-      if (bad) hi = make_uint2(0x7f7f7f7fu, 0x7f7f7f7fu);
-      *reinterpret_cast<uint2*>(smem + q_offset(q_r, c)) = hi;
-      *reinterpret_cast<uint2*>(smem + q_offset(q_r + kRows, c)) = lo;
-    }
-    if (q_part == 0)
-      reinterpret_cast<float*>(smem + kScale)[q_r] =
-          p.scale_nope * __int_as_float((127 - rs.e) << 23);
-    fence_proxy_async();  // the generic stores above, read by wgmma (async proxy)
-  }
+  store_q_terms<kQ>(p, q_v, q_r, q_part, smem, reinterpret_cast<float*>(smem + kScale));
   __syncthreads();
 
   // This thread's S entries: tokens tok0, tok0 + 8 of the block, rows pr, pr + 1 (its P rows).

@@ -2,7 +2,8 @@
 // block, kv range). It runs the 656-byte block-format caches and bf16 tiles of <= 16 rows on
 // sparse lists; bf16 tiles of <= 16 rows on page tables run decode_bf16_tma_kernel.cuh (pages of
 // < 8 tokens its gather instantiation), fp8_e4m3 tiles of <= 16 rows their own kernels
-// (decode_fp8_tma_kernel.cuh on pages of >= 8 tokens, decode_fp8_kernel.cuh otherwise), and
+// (decode_fp8_tma_kernel.cuh on pages of >= 8 tokens, decode_fp8_gather_kernel.cuh on smaller
+// pages, decode_fp8_kernel.cuh on sparse lists and for PlanOptions::exact_scores), and
 // fp8_e4m3 and bf16 tiles of 17-64 rows the warp-specialized one (decode_wgmma_ws_kernel.cuh).
 //
 // Per block of 64 cache tokens:

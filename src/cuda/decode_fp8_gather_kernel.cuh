@@ -1,0 +1,288 @@
+// The fp8_e4m3 decode kernel for tiles of <= 16 rows on dense pages of < 8 tokens (bench/NOTES.md
+// v65, v68, v69): two block chains in one CTA. A one-token box into the fp8 TMA kernel's swizzled
+// layout faults (v50), so four producer warps (fp8tma::TokenProducer) issue one bulk copy a token
+// into rows of fp8frag::kPitch bytes, kStages stages ahead; the registers they need leave one CTA
+// an SM, and one CTA splitting each block's S between its warpgroups (the TMA kernel's form) runs
+// one chain of S -> exchange -> softmax -> P V a block that nothing overlaps (v33: ~1.3 us a
+// block). Here each warpgroup takes alternate blocks whole:
+//   * block b lands in stage b % kStages; warpgroup b % 2 reads it and releases it (its 128
+//     threads arrive);
+//   * S^T = K Q^T over all 18 k-steps of 32 dims (m64n32k32, A = the warp's 16 tokens loaded by
+//     ldmatrix from the rows, which no wgmma descriptor can address at this pitch; B = Q's hi and
+//     lo e4m3 terms, fp8tma::store_q_terms), in kChains chains; each thread then holds 8 scores:
+//     tokens 16 wr + g (+ 8) x P rows 8 i + 2 tq + k;
+//   * the online softmax over the warpgroup's four warps (its own P and reduction buffers and
+//     barriers);
+//   * O += P V for all 512 columns: warp wr owns columns 128 wr .. 128 wr + 127 as two halves,
+//     each the fragment kernel's 64-column mapping (fp8frag::pv_step, write_row with warp
+//     2 wr + h): O is 64 registers;
+//   * the two warpgroups' states (max, sum, O of rows g, g + 8) meet once, in the epilogue.
+// The work a block is the TMA kernel's, less its exchange and a barrier; two chains overlap inside
+// one CTA as two CTAs' do.
+#pragma once
+
+#include <cstdint>
+
+#include "src/cuda/cuda_util.cuh"
+#include "src/cuda/decode_fp8_kernel.cuh"
+#include "src/cuda/decode_fp8_tma_kernel.cuh"
+#include "src/cuda/decode_kernel.cuh"
+#include "src/cuda/decode_params.h"
+
+namespace fp8mla::detail {
+
+namespace fp8gather {
+
+using fp8frag::kBlockN;
+using fp8frag::kPElems;
+using fp8frag::kPitch;
+using fp8frag::kRows;
+using fp8tma::kQBytes;
+using fp8tma::kQSlab;
+// Four 37 KB stages fit beside Q (v68). S's accumulator chains: three, as in the TMA kernel
+// (fp8 wgmma truncates its sums, v20), with A loaded a k-step at a time (166 registers of 168;
+// two k-steps at a time spill).
+inline constexpr int kStages = 4;
+inline constexpr int kChains = 3;
+inline constexpr int kMathThreads = fp8frag::kThreads;
+inline constexpr int kCtaThreads = fp8tma::kCtaThreads<true>;
+inline constexpr int kMaxRegs = 65536 / kCtaThreads / 8 * 8;
+inline constexpr int kStageBytes = kBlockN * kPitch;
+// Offsets from the 1024-byte-aligned base.
+inline constexpr int kKv = 0;
+inline constexpr int kQ = (kKv + kStages * kStageBytes + 1023) / 1024 * 1024;
+inline constexpr int kP = kQ + kQBytes;                    // [warpgroup][row][kPElems] fp16
+inline constexpr int kRed = kP + 2 * kRows * kPElems * 2;  // [warpgroup][row][warp] float
+inline constexpr int kSum = kRed + 2 * kRows * 4 * 4;      // [warpgroup][row][warp] float
+inline constexpr int kMax1 = kSum + 2 * kRows * 4 * 4;     // [row] warpgroup 1's max (epilogue)
+inline constexpr int kScale = kMax1 + kRows * 4;           // [row] scale_nope * 2^-e
+inline constexpr int kBar = kScale + kRows * 4;
+inline constexpr int kEmpty = kBar + kStages * 8;
+inline constexpr int kSmemBytes = kEmpty + kStages * 8 + 1024;
+static_assert(kSmemBytes + 1024 + decode::kMergeCtaSmem <= 228 * 1024, "one CTA and a merge CTA");
+static_assert(16 * 128 * 16 <= kStages * kStageBytes, "warpgroup 1's O fits the stages");
+
+// The warpgroup's barrier (128 threads; ids 3 and 4: 0 is the CTA's, 1 the math warps', 2 the
+// producers'), from one instruction per warpgroup so ptxas keeps its operands immediate.
+__device__ __forceinline__ void wg_sync(int wg) {
+  if (wg == 0)
+    bar_sync_aligned<3, 128>();
+  else
+    bar_sync_aligned<4, 128>();
+}
+
+// S^T = K Q^T for the warp's 16 tokens of the block over all 18 k-steps: `row` is this lane's
+// ldmatrix row (token 16 wr + lane % 16 at byte 16 (lane / 16)); step i < 16 reads ckv bytes
+// 32 i, steps 16 and 17 the rope bytes 512 + 32 (i - 16); one ldmatrix.x4 is the m64nNk32 e4m3 A
+// fragment (matrices: rows 0-7 / 8-15 x bytes 0-15 / 16-31). Step i goes to chain i kChains / 18.
+// A alternates between two buffers: step i's loads wait for step i - 2, which read its buffer.
+// The caller commits the last step.
+__device__ __forceinline__ void s_product(float (&d)[kChains][16], const std::uint8_t* row,
+                                          std::uint64_t b_ckv, std::uint64_t b_pe) {
+  std::uint32_t a[2][4];
+#pragma unroll
+  for (int i = 0; i < 18; ++i) {
+    if (i >= 2) wgmma_wait<1>();
+    ldmatrix_x4(a[i % 2], i < 16 ? row + 32 * i : row + 512 + 32 * (i - 16));
+    wgmma_fence();  // the A registers written above
+    wgmma_64x32x32_e4m3_rs(
+        d[i * kChains / 18], a[i % 2],
+        i < 16 ? desc_add(b_ckv, i / 4 * kQSlab + i % 4 * 32) : desc_add(b_pe, 32 * (i - 16)),
+        i > 0 && (i - 1) * kChains / 18 == i * kChains / 18);
+    if (i < 17) wgmma_commit();
+  }
+}
+
+}  // namespace fp8gather
+
+__global__ void __maxnreg__(fp8gather::kMaxRegs)
+    mla_decode_fp8_gather_kernel(const __grid_constant__ DecodeParams p) {
+  using namespace fp8gather;
+  DeviceTile tile;
+  if (!decode::load_tile(p, tile)) return;
+  std::uint8_t* smem = dynamic_smem_1k();
+  const WorkTile t = tile.tile;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, tq = lane % 4;
+  const int wg = __shfl_sync(0xffffffffu, warp / 4, 0), wr = warp % 4;
+  const int rows = t.q_count * t.head_count;
+  const int n_blocks = (t.kv_end - t.kv_begin + kBlockN - 1) / kBlockN;
+
+  // ---- copies: the producer warps (a stage is released by its warpgroup's 128 threads) ----
+  using Producer = fp8tma::TokenProducer<kStages, kStageBytes, kPitch, 512, 64, 128>;
+  if (warp >= kMathThreads / 32) {
+    Producer::run(p, tile, warp - 8, lane, n_blocks, smem + kKv, smem + kBar, smem + kEmpty);
+    return;
+  }
+  decode::begin_after_previous_kernel();
+
+  // ---- Q: hi and lo e4m3 terms as the B operand, the rows' score scales ----
+  {
+    const int q_r = threadIdx.x / 16, q_part = threadIdx.x % 16;
+    uint4 q_v[5];
+    fp8frag::load_q_chunks(p, t, tile.q_first, rows, q_r, q_part, q_v);
+    fp8tma::store_q_terms<kQ>(p, q_v, q_r, q_part, smem, reinterpret_cast<float*>(smem + kScale));
+  }
+  Producer::cta_sync();
+
+  // This thread's scores: tokens tok0, tok0 + 8 x P rows 8 i + 2 tq + k (index ri = 2 i + k).
+  const int tok0 = 16 * wr + g;
+  int limit[4];
+  float sc[4];
+#pragma unroll
+  for (int ri = 0; ri < 4; ++ri) {
+    const int r = 8 * (ri / 2) + 2 * tq + ri % 2;
+    limit[ri] = decode::row_limit(p, t, r, tile.kv_len, tile.qo_len);
+    sc[ri] = reinterpret_cast<const float*>(smem + kScale)[r];
+  }
+  float max_p[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+  float row_sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float max_o[2] = {-INFINITY, -INFINITY};  // O rows g, g + 8
+  float o[2][8][4];                         // half h: columns 64 (2 wr + h) + ..
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int n = 0; n < 8; ++n) o[h][n][0] = o[h][n][1] = o[h][n][2] = o[h][n][3] = 0.0f;
+
+  std::uint16_t* p_s = reinterpret_cast<std::uint16_t*>(smem + kP) + wg * kRows * kPElems;
+  float* red = reinterpret_cast<float*>(smem + kRed) + wg * kRows * 4;
+  const std::uint64_t b_ckv = wgmma_desc<128>(smem + kQ, 16, 1024);
+  const std::uint64_t b_pe = wgmma_desc<64>(smem + kQ + 4 * kQSlab, 16, 512);
+  const int a_row = (16 * wr + lane % 16) * kPitch + 16 * (lane / 16);
+  const int v_off = 2 * tq * kPitch + 8 * g;  // token 16 kk + 2 tq, dims 64 (2 wr + h) + 8 g
+
+  for (int blk = wg; blk < n_blocks; blk += 2) {
+    const int stage = blk % kStages;
+    mbar_wait(smem + kBar + 8 * stage, (blk / kStages) % 2);  // block blk landed
+    const std::uint8_t* kv = smem + kKv + stage * kStageBytes;
+
+    // ---- S^T = K Q^T: all 18 k-steps ----
+    float dc[kChains][16];
+    s_product(dc, kv + a_row, b_ckv, b_pe);
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int c = 0; c < kChains; ++c) wgmma_fence_operand(dc[c]);
+    // d[4 j + e]: n-tile j (j = 0, 1: hi of rows 8 j + 2 tq (+ 1); 2, 3: their lo), e = 2 m + k:
+    // token tok0 + 8 m, row + k. s[4 i + e]: row 8 i + 2 tq + k, token tok0 + 8 m.
+    const int j0 = t.kv_begin + blk * kBlockN;
+    float s[8];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float hi = dc[0][4 * i + e], lo = dc[0][4 * i + 8 + e];
+#pragma unroll
+        for (int c = 1; c < kChains; ++c) {
+          hi += dc[c][4 * i + e];
+          lo += dc[c][4 * i + 8 + e];
+        }
+        const int ri = 2 * i + e % 2, tok = tok0 + 8 * (e / 2);
+        const bool ok = j0 + tok < t.kv_end && j0 + tok <= limit[ri];
+        s[4 * i + e] = ok ? (hi + lo * 0.0625f) * sc[ri] : -INFINITY;
+      }
+
+      // ---- the block's row maxima over the warpgroup, P, the running sums, O rescaled ----
+#pragma unroll
+    for (int ri = 0; ri < 4; ++ri) {
+      const int i = ri / 2, k = ri % 2;
+      float mx = fmaxf(s[4 * i + k], s[4 * i + 2 + k]);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+      if (g == 0) red[(8 * i + 2 * tq + k) * 4 + wr] = mx;
+    }
+    wg_sync(wg);
+#pragma unroll
+    for (int ri = 0; ri < 4; ++ri) {
+      const int i = ri / 2, k = ri % 2, r = 8 * i + 2 * tq + k;
+      const float mx = fp8tma::block_max(red + r * 4, max_p[ri]);
+      const float base = mx == -INFINITY ? 0.0f : mx;
+      const float alpha = fast_exp2(max_p[ri] - base);
+      max_p[ri] = mx;
+      float pa, pb;
+      p_s[r * kPElems + tok0] = fp8tma::p_bits<__half>(fast_exp2(s[4 * i + k] - base), pa);
+      p_s[r * kPElems + tok0 + 8] = fp8tma::p_bits<__half>(fast_exp2(s[4 * i + 2 + k] - base), pb);
+      row_sum[ri] = row_sum[ri] * alpha + (pa + pb);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float mx = fp8tma::block_max(red + (g + 8 * h) * 4, max_o[h]);
+      const float base = mx == -INFINITY ? 0.0f : mx;
+      const float alpha = fast_exp2(max_o[h] - base);
+      max_o[h] = mx;
+      fp8frag::rescale_rows(o[0], h, alpha);
+      fp8frag::rescale_rows(o[1], h, alpha);
+    }
+    wg_sync(wg);
+
+    // ---- O += P V over the warp's 128 columns ----
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      std::uint32_t a[4];
+      ldmatrix_x4(a, p_s + (lane % 16) * kPElems + 16 * kk + (lane / 16) * 8);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const std::uint8_t* v = kv + v_off + 16 * kk * kPitch + 64 * (2 * wr + h);
+        fp8frag::pv_step(o[h], a, *reinterpret_cast<const uint2*>(v),
+                         *reinterpret_cast<const uint2*>(v + kPitch),
+                         *reinterpret_cast<const uint2*>(v + 8 * kPitch),
+                         *reinterpret_cast<const uint2*>(v + 9 * kPitch));
+      }
+    }
+    mbar_arrive(smem + kEmpty + 8 * stage);  // this thread's reads of the stage are done
+  }
+
+  // ---- epilogue: each warpgroup's row sums; warpgroup 1's O and maxima to warpgroup 0, which
+  // merges the two states and writes the rows ----
+  float* sums = reinterpret_cast<float*>(smem + kSum);
+#pragma unroll
+  for (int ri = 0; ri < 4; ++ri) {
+    float sum = row_sum[ri];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 8);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 16);
+    if (g == 0) sums[(wg * kRows + 8 * (ri / 2) + 2 * tq + ri % 2) * 4 + wr] = sum;
+  }
+  float* max1 = reinterpret_cast<float*>(smem + kMax1);
+  // Every block is consumed, so no copy is in flight: the stages take warpgroup 1's O.
+  float4* xo = reinterpret_cast<float4*>(smem + kKv);
+  const int tid = threadIdx.x % 128;
+  bar_sync_aligned<1, kMathThreads>();
+  if (wg == 1) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+        xo[(8 * h + n) * 128 + tid] = make_float4(o[h][n][0], o[h][n][1], o[h][n][2], o[h][n][3]);
+    if (wr == 0 && tq == 0) {
+      max1[g] = max_o[0];
+      max1[g + 8] = max_o[1];
+    }
+  }
+  bar_sync_aligned<1, kMathThreads>();
+  if (wg == 1) return;
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int r = g + 8 * hr;
+    if (r >= rows) continue;
+    const float m0 = max_o[hr], m1 = max1[r];
+    const float mx = fmaxf(m0, m1);
+    const float base = mx == -INFINITY ? 0.0f : mx;
+    const float a0 = fast_exp2(m0 - base), a1 = fast_exp2(m1 - base);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        const float4 x = xo[(8 * h + n) * 128 + tid];
+        o[h][n][2 * hr] = o[h][n][2 * hr] * a0 + (hr == 0 ? x.x : x.z) * a1;
+        o[h][n][2 * hr + 1] = o[h][n][2 * hr + 1] * a0 + (hr == 0 ? x.y : x.w) * a1;
+      }
+    const float l = fp8tma::row_total(sums, r) * a0 + fp8tma::row_total(sums + kRows * 4, r) * a1;
+    const decode::RowEnd end = decode::finish_row(mx, l, p.out_scale);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) fp8frag::write_row(p, t, tile, 2 * wr + h, tq, hr, r, o[h], end);
+  }
+}
+
+}  // namespace fp8mla::detail
