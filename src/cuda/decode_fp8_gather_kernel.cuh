@@ -9,8 +9,8 @@
 //     threads arrive);
 //   * S^T = K Q^T over all 18 k-steps of 32 dims (m64n32k32, A = the warp's 16 tokens loaded by
 //     ldmatrix from the rows, which no wgmma descriptor can address at this pitch; B = Q's hi and
-//     lo e4m3 terms, fp8tma::store_q_terms), in kChains chains; each thread then holds 8 scores:
-//     tokens 16 wr + g (+ 8) x P rows 8 i + 2 tq + k;
+//     lo e4m3 terms, fp8tma::store_q_terms), in chains of three steps; each thread then holds 8
+//     scores: tokens 16 wr + g (+ 8) x P rows 8 i + 2 tq + k;
 //   * the online softmax over the warpgroup's four warps (its own P and reduction buffers and
 //     barriers);
 //   * O += P V for all 512 columns: warp wr owns columns 128 wr .. 128 wr + 127 as two halves,
@@ -39,9 +39,8 @@ using fp8frag::kPitch;
 using fp8frag::kRows;
 using fp8tma::kQBytes;
 using fp8tma::kQSlab;
-// Four 37 KB stages fit beside Q (v68). S's accumulator chains: three, as in the TMA kernel
-// (fp8 wgmma truncates its sums, v20), with A loaded a k-step at a time (166 registers of 168;
-// two k-steps at a time spill).
+// Four 37 KB stages fit beside Q (v68). S's accumulators: three (s_product), with A loaded a
+// k-step at a time (two k-steps at a time spill).
 inline constexpr int kStages = 4;
 inline constexpr int kChains = 3;
 inline constexpr int kMathThreads = fp8frag::kThreads;
@@ -74,21 +73,39 @@ __device__ __forceinline__ void wg_sync(int wg) {
 // S^T = K Q^T for the warp's 16 tokens of the block over all 18 k-steps: `row` is this lane's
 // ldmatrix row (token 16 wr + lane % 16 at byte 16 (lane / 16)); step i < 16 reads ckv bytes
 // 32 i, steps 16 and 17 the rope bytes 512 + 32 (i - 16); one ldmatrix.x4 is the m64nNk32 e4m3 A
-// fragment (matrices: rows 0-7 / 8-15 x bytes 0-15 / 16-31). Step i goes to chain i kChains / 18.
-// A alternates between two buffers: step i's loads wait for step i - 2, which read its buffer.
-// The caller commits the last step.
+// fragment (matrices: rows 0-7 / 8-15 x bytes 0-15 / 16-31). A alternates between two buffers:
+// step i's loads wait for step i - 2, which read its buffer.
+// fp8 wgmma keeps its sums to ~13 mantissa bits, truncating, so its error grows with a chain's
+// length (v20: chains of 3 steps, as the TMA kernel's, against 9: ~1e-3 against 2.4-3.6e-3 output
+// error at scores ~50). Three accumulators hold chains of 3 steps: steps 0-2, 3-5, 6-8 into d[0],
+// d[1], d[2], which then meet in fp32 in d[0]; 9-11 and 12-14 into fresh d[1], d[2], and d[1]
+// joins d[0]; 15-17 into a fresh d[1]. The caller commits the last step and adds the three.
 __device__ __forceinline__ void s_product(float (&d)[kChains][16], const std::uint8_t* row,
                                           std::uint64_t b_ckv, std::uint64_t b_pe) {
+  static_assert(kChains == 3, "the chain schedule below");
   std::uint32_t a[2][4];
 #pragma unroll
   for (int i = 0; i < 18; ++i) {
-    if (i >= 2) wgmma_wait<1>();
+    if (i == 9 || i == 15) {  // fold: every earlier step done, then fp32 sums
+      wgmma_wait<0>();
+#pragma unroll
+      for (int c = 0; c < kChains; ++c) wgmma_fence_operand(d[c]);
+#pragma unroll
+      for (int e = 0; e < 16; ++e) d[0][e] += d[1][e];
+      if (i == 9) {
+#pragma unroll
+        for (int e = 0; e < 16; ++e) d[0][e] += d[2][e];
+      }
+    } else if (i >= 2) {
+      wgmma_wait<1>();
+    }
     ldmatrix_x4(a[i % 2], i < 16 ? row + 32 * i : row + 512 + 32 * (i - 16));
-    wgmma_fence();  // the A registers written above
+    wgmma_fence();  // the A registers (and the accumulators) written above
+    const int chain = i < 9 ? i / 3 : (i < 12 || i >= 15 ? 1 : 2);
     wgmma_64x32x32_e4m3_rs(
-        d[i * kChains / 18], a[i % 2],
+        d[chain], a[i % 2],
         i < 16 ? desc_add(b_ckv, i / 4 * kQSlab + i % 4 * 32) : desc_add(b_pe, 32 * (i - 16)),
-        i > 0 && (i - 1) * kChains / 18 == i * kChains / 18);
+        i % 3 != 0);
     if (i < 17) wgmma_commit();
   }
 }
