@@ -262,7 +262,10 @@ __global__ void __maxnreg__(fp8gather::kMaxRegs)
     if (g == 0) sums[(wg * kRows + 8 * (ri / 2) + 2 * tq + ri % 2) * 4 + wr] = sum;
   }
   float* max1 = reinterpret_cast<float*>(smem + kMax1);
-  // Every block is consumed, so no copy is in flight: the stages take warpgroup 1's O.
+  // Every block is consumed, so no copy is in flight: the stages take warpgroup 1's O once both
+  // warpgroups pass the barrier below. racecheck reports these stores against warpgroup 0's P V
+  // loads all the same: it misses this barrier's order in a kernel with the stages' mbarrier
+  // release (reduced: bench/results/racecheck_barrier_repro.cu).
   float4* xo = reinterpret_cast<float4*>(smem + kKv);
   const int tid = threadIdx.x % 128;
   bar_sync_aligned<1, kMathThreads>();
