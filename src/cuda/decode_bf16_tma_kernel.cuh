@@ -119,10 +119,7 @@ __global__ void __launch_bounds__(bf16tma::kCtaThreads<kGather>, 1)
   if (!decode::load_tile(p, tile)) return;
   std::uint8_t* smem = dynamic_smem_1k();
   const WorkTile t = tile.tile;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane / 4, tq = lane % 4;
-  // The warpgroup from lane 0's shuffle: warp-uniform to ptxas, so the descriptors stay uniform.
-  const int wg = __shfl_sync(0xffffffffu, warp / 4, 0), wr = warp % 4;
+  const auto [warp, lane, g, tq, wg, wr] = decode::thread_roles();
   const int rows = t.q_count * t.head_count;
   const int q_first = tile.q_first;
   const int qo_len = tile.qo_len;
@@ -131,9 +128,8 @@ __global__ void __launch_bounds__(bf16tma::kCtaThreads<kGather>, 1)
 
   // ---- copies: page runs as eight ckv slabs and a kpe slab by the math warps
   // (fp8tma::PageRunCopier), or tokens by the producer warps (kGather: TokenProducer), beside
-  // which the math warps' barriers are a named barrier of their own (kProducers) ----
-  constexpr bool kProducers = kGather;
-  if constexpr (kProducers) {
+  // which the math warps' barriers are a named barrier of their own ----
+  if constexpr (kGather) {
     if (warp >= kWarps) {
       TokenProducer::run(p, tile, warp - kWarps, lane, n_blocks, smem + L::kKv, smem + L::kBar,
                          smem + L::kEmpty);
@@ -141,10 +137,10 @@ __global__ void __launch_bounds__(bf16tma::kCtaThreads<kGather>, 1)
     }
   }
   fp8tma::PageRunCopier<8, 128> runs(p, tile, warp, lane);
-  const bool copier = !kProducers && runs.copier;
+  const bool copier = !kGather && runs.copier;
   std::int32_t entry0 = 0, next_entry = 0;
   static_assert(kStages == 2, "PageRunCopier::start sets up two stages");
-  if constexpr (kProducers)
+  if constexpr (kGather)
     decode::begin_after_previous_kernel();
   else
     runs.start(p, smem + L::kBar, smem + L::kEmpty, entry0, next_entry);
@@ -161,7 +157,7 @@ __global__ void __launch_bounds__(bf16tma::kCtaThreads<kGather>, 1)
     }
     fence_proxy_async();  // the generic stores above, read by wgmma (async proxy)
   }
-  if constexpr (kProducers) {
+  if constexpr (kGather) {
     TokenProducer::cta_sync();
   } else {
     __syncthreads();
@@ -194,7 +190,7 @@ __global__ void __launch_bounds__(bf16tma::kCtaThreads<kGather>, 1)
 
   for (int blk = 0; blk < n_blocks; ++blk) {
     const int stage = blk % kStages;
-    if constexpr (kProducers)
+    if constexpr (kGather)
       mbar_wait(smem + L::kBar + 8 * stage, (blk / kStages) % 2);  // block blk landed
     else
       fp8tma::next_block<L::kStageBytes>(runs, p, blk, n_blocks, next_entry, smem + L::kKv,
@@ -216,14 +212,14 @@ __global__ void __launch_bounds__(bf16tma::kCtaThreads<kGather>, 1)
     // d[4 i + e]: rows 8 i + 2 tq (+ 1) of tokens tok0, tok0 + 8 (fp8tma::exchange_rows's order)
     const float rows0[4] = {d[0], d[1], d[2], d[3]}, rows1[4] = {d[4], d[5], d[6], d[7]};
     float full[4];
-    fp8tma::exchange_rows<kProducers>(rows0, rows1, wg, xch, full);
+    fp8tma::exchange_rows<kGather>(rows0, rows1, wg, xch, full);
     const int j0 = t.kv_begin + blk * kBlockN;
     const int n_valid = min(kBlockN, t.kv_end - j0);
     if (!kGather && n_valid < kBlockN) fp8tma::zero_rows_past<8>(kv, n_valid);  // kGather: copier
 
     // ---- scores, masks, block row max, online softmax: P rows pr, pr + 1; O rows g, g + 8 ----
-    fp8tma::softmax_block<__nv_bfloat16, kProducers>(full, sc, j0, t.kv_end, limit_p, tok0, pr, g,
-                                                     wr, red_max, p_s, st);
+    fp8tma::softmax_block<__nv_bfloat16, kGather>(full, sc, j0, t.kv_end, limit_p, tok0, pr, g, wr,
+                                                  red_max, p_s, st);
 
     // ---- O += P V: the warp's columns 64 warp + [0, 64), n-tile n = columns 8 n .. 8 n + 7 ----
     [[maybe_unused]] const std::uint8_t* v_slab = kv + warp * kSlab;
@@ -243,8 +239,8 @@ __global__ void __launch_bounds__(bf16tma::kCtaThreads<kGather>, 1)
         mma_16816<true>(st.o[2 * np2 + 1], a, b[2], b[3]);
       }
     }
-    // The warp's reads of the stage are done (kProducers: the thread's, TokenProducer's count).
-    if constexpr (kProducers)
+    // The warp's reads of the stage are done (kGather: the thread's, TokenProducer's count).
+    if constexpr (kGather)
       mbar_arrive(smem + L::kEmpty + 8 * stage);
     else
       runs.release(smem + L::kEmpty + 8 * stage);
@@ -252,7 +248,7 @@ __global__ void __launch_bounds__(bf16tma::kCtaThreads<kGather>, 1)
 
   // ---- epilogue: row sums over the warpgroup, then o / l and lse ----
   float* red_sum = reinterpret_cast<float*>(smem + L::kRed);
-  fp8tma::reduce_row_sums<kProducers>(st.row_sum, pr, g, wr, red_sum);
+  fp8tma::reduce_row_sums<kGather>(st.row_sum, pr, g, wr, red_sum);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = g + 8 * h;

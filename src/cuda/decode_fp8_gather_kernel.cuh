@@ -119,9 +119,7 @@ __global__ void __maxnreg__(fp8gather::kMaxRegs)
   if (!decode::load_tile(p, tile)) return;
   std::uint8_t* smem = dynamic_smem_1k();
   const WorkTile t = tile.tile;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane / 4, tq = lane % 4;
-  const int wg = __shfl_sync(0xffffffffu, warp / 4, 0), wr = warp % 4;
+  const auto [warp, lane, g, tq, wg, wr] = decode::thread_roles();
   const int rows = t.q_count * t.head_count;
   const int n_blocks = (t.kv_end - t.kv_begin + kBlockN - 1) / kBlockN;
 

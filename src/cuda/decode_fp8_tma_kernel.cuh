@@ -506,11 +506,7 @@ __global__ void __maxnreg__(decode::kMaxRegsTwoCtas)
   // (nvcc 13.0, at its 112-register cap).
   std::uint8_t* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
   const WorkTile t = tile.tile;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane / 4, tq = lane % 4;
-  // The warpgroup from lane 0's shuffle: ptxas then knows it is warp-uniform and keeps the wgmma
-  // descriptors in uniform registers (as in decode_wgmma_kernel.cuh).
-  const int wg = __shfl_sync(0xffffffffu, warp / 4, 0), wr = warp % 4;
+  const auto [warp, lane, g, tq, wg, wr] = decode::thread_roles();
   const int rows = t.q_count * t.head_count;
   const int q_first = tile.q_first;
   const int qo_len = tile.qo_len;

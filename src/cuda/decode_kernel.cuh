@@ -335,6 +335,17 @@ __device__ __forceinline__ std::int64_t partial_row(const DecodeParams& p, const
          (static_cast<std::int64_t>(t.split) * qo_len + t.q_begin + tr) * p.num_heads + head;
 }
 
+// This thread's place in an mma fragment (row group g, thread tq in the group) and in its
+// warpgroup (wg; warp wr of its four). wg comes from lane 0's shuffle: ptxas then knows it is
+// warp-uniform and keeps the wgmma descriptors built from it in uniform registers.
+struct ThreadRoles {
+  int warp, lane, g, tq, wg, wr;
+};
+__device__ __forceinline__ ThreadRoles thread_roles() {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  return {warp, lane, lane / 4, lane % 4, __shfl_sync(0xffffffffu, warp / 4, 0), warp % 4};
+}
+
 // This CTA's tile, or false when blockIdx.x is past the live tiles (graph-mode plans launch
 // their capacity). The tile is loaded before the count is checked, so the two loads overlap:
 // the array holds the grid's capacity, so the read is in bounds either way.
