@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device lease: GPU tests, sanitizers on a small grid, the full bench (NO_BENCH=1 skips it),
-# the GPU demo, `fp8mla bench --cp 1 --quick`, a short multi-token (MTP) bench (NO_MTP=1 skips).
+# the GPU demo, `fp8mla bench --cp 1 --quick`, a short multi-token (MTP) bench (NO_MTP=1 skips);
+# PACK=1 packs the records into one archive.
 # Run from the repo root on the device machine with build-cuda/ carried; results go to $OUT.
 set -uo pipefail
 out=${OUT:-/tmp/fp8mla-out}
@@ -29,8 +30,8 @@ timeout 90 build-cuda/tools/fp8mla/fp8mla bench --cp 1 --quick --json "$out/cp1.
   > "$out/cp1.txt" 2>&1
 echo "bench --cp 1 rc=$?"; tail -6 "$out/cp1.txt"
 # Multi-token causal decode (MTP / speculative verify: 2 and 4 query tokens a request) next to
-# plain decode: DeepSeek's 16 heads at TP8 and 128 (DP attention), fp8 cache; then the same with
-# tiles of <= 16 rows (PlanOptions::max_tile_rows: more tiles, each reading the pages, on the
+# plain decode at 1-64 requests: DeepSeek's 16 heads at TP8 and 128 (DP attention), fp8 cache;
+# then the same with tiles of <= 16 rows (PlanOptions::max_tile_rows: more tiles, each reading the pages, on the
 # <= 16-row kernels; bench/NOTES.md mtp1). Last, so a lease that runs out of time loses only
 # these (NO_MTP=1 skips them).
 mtp() {  # mtp NAME ARGS...: one short bench, to $out/NAME.{txt,json}, while the call has time
@@ -42,8 +43,8 @@ mtp() {  # mtp NAME ARGS...: one short bench, to $out/NAME.{txt,json}, while the
   echo "bench $name rc=$?"
 }
 if [ -z "${NO_MTP:-}" ]; then
-  mtp mtp --batch 1,64 --heads 8,16,128 --qo-len 1,2,4
-  mtp mtp16 --batch 1,64 --heads 8,16 --qo-len 2,4 --max-tile-rows 16
+  mtp mtp --batch 1,4,16,64 --heads 8,16,128 --qo-len 1,2,4
+  mtp mtp16 --batch 1,4,16,64 --heads 8,16 --qo-len 2,4 --max-tile-rows 16
 fi
 [ -f "$out/bench.txt" ] && grep -E "ceil|native" "$out/bench.txt" | head -60
 [ -f "$out/mtp.txt" ] && grep native "$out/mtp.txt" "$out/mtp16.txt"
@@ -54,4 +55,9 @@ if [ -n "${NCU:-}" ]; then
     build-cuda/tools/fp8mla/fp8mla bench --batch 128 --heads 16 --context 8192 --page-size 64 \
     --format fp8_e4m3 --no-baselines --quick --no-progress > "$out/ncu.txt" 2>&1
   echo "ncu rc=$?"; grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Stall|Warp Cycles" "$out/ncu.txt" | head -20
+fi
+# PACK=1: the records as one archive (records.tgz), for a lease that brings back only a few files.
+if [ -n "${PACK:-}" ]; then
+  (cd "$out" && shopt -s nullglob && f=(./*.txt ./*.json) && tar czf records.tgz --remove-files "${f[@]}") &&
+    echo "packed: $out/records.tgz"
 fi
