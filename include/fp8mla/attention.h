@@ -76,7 +76,7 @@ struct PlanOptions {
   int min_chunk_tokens = 64;   // never split a request's context finer than this
   int num_threads = 0;         // CPU backend threads; 0 = std::thread::hardware_concurrency()
   bool cpu_reference = false;  // CPU: run the float64 reference instead of the fast path
-  // CUDA, fp8_e4m3 caches, tiles of <= 16 rows on pages of >= 8 tokens: false (default) computes
+  // CUDA, fp8_e4m3 caches, dense tiles of <= 16 rows (any page size): false (default) computes
   // the scores on fp8 tensor cores straight from the cache bytes, the fastest path; Hopper's fp8
   // accumulator keeps 13 mantissa bits, so scores carry ~2e-4 of their magnitude (output
   // ~1e-3 relative at scores ~50; README "Numerics"). true converts K to fp16 first (exact
