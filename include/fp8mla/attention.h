@@ -159,9 +159,10 @@ Plan plan(const Problem& problem, const PlanOptions& options = {});
 // device buffers, so a CUDA graph that captured run(p, ...) replays on the new batch. Same
 // errors as plan(), plus invalid_argument if p is not a graph-mode plan or num_heads, format,
 // page size, topk or device differ from the original. Synchronous on the host (call it
-// outside capture, like FlashInfer's plan). A captured run() keeps the cache view it was
-// captured with (pointers, strides and, for the TMA kernels, tensor maps bounded by that
-// num_pages): the new problem's pages must lie in that pool.
+// outside capture, like FlashInfer's plan). On CUDA it first waits until the device is idle: a
+// run of `p` still queued or running, on any stream, reads the buffers it rewrites. A captured
+// run() keeps the cache view it was captured with (pointers, strides and, for the TMA kernels,
+// tensor maps bounded by that num_pages): the new problem's pages must lie in that pool.
 void replan(Plan& p, const Problem& problem);
 
 struct RunArgs {

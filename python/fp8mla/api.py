@@ -182,7 +182,9 @@ def replan(
 
     Arguments as for plan(). Raises ValueError as plan() does, and when ``plan`` is not a
     graph-mode plan or num_heads, format, page size, topk or device differ from it, or the new
-    batch exceeds its max_* capacities. Synchronous on the host: call it outside capture.
+    batch exceeds its max_* capacities. Synchronous on the host: call it outside capture. On
+    CUDA it first waits until the device is idle (a run of the plan still queued on any stream
+    reads the buffers it rewrites).
     """
     _ext.replan(
         plan,

@@ -221,6 +221,12 @@ void cuda_upload_plan(PlanState& plan) {
     b->partial_o = alloc<float>(b->cap_partial_rows * kDimCkv, b->device_id);
     b->partial_lse = alloc<float>(b->cap_partial_rows, b->device_id);
     plan.cuda = std::move(b);
+  } else {
+    // replan(): a run of this plan may still be in flight on any stream (also one that does not
+    // wait for the legacy stream, which the copies below take), reading the tiles and page
+    // table they rewrite. Wait for the device first, as a serving step's replan waits for the
+    // step before it.
+    FP8MLA_CUDA_CHECK(cudaDeviceSynchronize());
   }
   CudaPlanBuffers& b = *plan.cuda;
   if (row_tiles_for(max_rows) > b.row_tiles) {

@@ -11,11 +11,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "fp8mla/attention.h"
@@ -588,6 +590,38 @@ TEST(CudaGraph, CaptureReplanReplay) {
                  std::to_string(k.page_size));
     capture_replan_replay_lengths(decode_spec(k.f, k.heads, k.page_size, 1, 3000, 31));
   }
+}
+
+// replan() rewrites the device buffers (tiles, page table) that a run still queued or running
+// reads, so it must wait for that run, also on a stream that does not synchronise with the
+// legacy one (replan's copies take the legacy stream). A host function holds the stream back,
+// so the run is still queued when replan() is called; it must then compute c1, not c2.
+TEST(CudaGraph, ReplanWaitsForTheRunInFlight) {
+  SKIP_WITHOUT_GPU();
+  test::ProblemSpec s = decode_spec(F8, 16, 16, 1, 3000, 33);
+  s.batch = 6;
+  s.spare_pages = 400;  // room for c2's longer contexts
+  s.poison_unused = false;
+  test::RandomCase c1 = test::make_case(s);
+  PlanOptions o;
+  o.cuda_graph = true;
+  o.max_batch = o.max_total_q = 8;
+  o.max_kv_indices = static_cast<std::int64_t>(c1.num_pages);
+  o.max_qo_len = 1;
+  Plan p = plan(c1.problem(DeviceKind::cuda), o);
+  DeviceBuffer cache(c1.cache), q(c1.q);
+  DeviceOutput d(c1, 0);
+  RunArgs args = device_args(c1, cache, q, d);
+  TestStream stream;
+  args.stream = stream.s;
+  check_cuda(cudaLaunchHostFunc(
+      stream.s, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); },
+      nullptr));
+  run(p, args);
+  replan(p, with_new_lengths(c1, 5000, 99).problem(DeviceKind::cuda));
+  check_cuda(cudaStreamSynchronize(stream.s));
+  test::HostOutput ref = reference(c1);
+  expect_matches(d, ref, "the run queued before replan()");
 }
 
 // A graph keeps the split-merge form it was captured with. A bs-1 plan of <= 32 rows and <= 128
