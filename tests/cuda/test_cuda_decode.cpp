@@ -528,6 +528,17 @@ TEST(CudaDecodeSparse, RunTimeIndicesOverrideThePlannedOnes) {
   expect_matches(d, ref, "sparse override");
 }
 
+// `o` made graph-mode for decode batches of up to o.max_batch requests (8 when unset) of one
+// query token each over c's pool.
+PlanOptions graph_options(const test::RandomCase& c, PlanOptions o = {}) {
+  o.cuda_graph = true;
+  if (o.max_batch == 0) o.max_batch = 8;
+  o.max_total_q = o.max_batch;
+  o.max_kv_indices = static_cast<std::int64_t>(c.num_pages);
+  o.max_qo_len = 1;
+  return o;
+}
+
 // A CUDA-graph plan (options o with o.max_batch requests, bounded by c1's pool and one query
 // token a request) for c1 = make_case(s), with the engine's fixed buffers (c1's pool and q):
 // run() captured and replayed, then replan() for c2 = second(c1) over the same pool and q (so
@@ -538,11 +549,7 @@ template <class Second, class Check>
 void capture_replan_replay(test::ProblemSpec s, PlanOptions o, Second second, Check check) {
   s.poison_unused = false;
   test::RandomCase c1 = test::make_case(s);
-  o.cuda_graph = true;
-  o.max_total_q = o.max_batch;
-  o.max_kv_indices = static_cast<std::int64_t>(c1.num_pages);
-  o.max_qo_len = 1;
-  Plan p = plan(c1.problem(DeviceKind::cuda), o);
+  Plan p = plan(c1.problem(DeviceKind::cuda), graph_options(c1, o));
   check(p, 1);
   if (::testing::Test::HasFatalFailure()) return;
   DeviceBuffer cache(c1.cache), q(c1.q);
@@ -603,12 +610,7 @@ TEST(CudaGraph, ReplanWaitsForTheRunInFlight) {
   s.spare_pages = 400;  // room for c2's longer contexts
   s.poison_unused = false;
   test::RandomCase c1 = test::make_case(s);
-  PlanOptions o;
-  o.cuda_graph = true;
-  o.max_batch = o.max_total_q = 8;
-  o.max_kv_indices = static_cast<std::int64_t>(c1.num_pages);
-  o.max_qo_len = 1;
-  Plan p = plan(c1.problem(DeviceKind::cuda), o);
+  Plan p = plan(c1.problem(DeviceKind::cuda), graph_options(c1));
   DeviceBuffer cache(c1.cache), q(c1.q);
   DeviceOutput d(c1, 0);
   RunArgs args = device_args(c1, cache, q, d);
@@ -934,12 +936,7 @@ TEST(CudaPlan, DevicePageTableMatchesTheHostOne) {
         << e.what();
   }
 
-  PlanOptions o;
-  o.cuda_graph = true;
-  o.max_batch = o.max_total_q = 8;
-  o.max_kv_indices = static_cast<std::int64_t>(c.num_pages);
-  o.max_qo_len = 1;
-  Plan g = plan(on_device(c, table), o);
+  Plan g = plan(on_device(c, table), graph_options(c));
   DeviceOutput d(c, 0);
   RunArgs ga = device_args(c, cache, q, d);
   ga.stream = stream.s;
