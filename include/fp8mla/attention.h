@@ -46,6 +46,11 @@ struct Problem {
   std::span<const std::int32_t> kv_indptr;   // [batch + 1] offsets into kv_indices (pages)
   std::span<const std::int32_t> kv_indices;  // [kv_indptr[batch]] page ids in [0, num_pages)
   std::span<const std::int32_t> kv_len;      // [batch] tokens, <= pages listed * page_size
+  // Causal dense problems whose listed tokens are the start of a longer context (a
+  // context-parallel shard; shard_context() sets it): [batch] the length each request's causal
+  // mask counts from, >= kv_len[r]. Query token i of request r then sees the listed tokens
+  // [0, causal_len[r] - qo_len + i]; a row that sees none gets o = 0, lse = -inf. Empty: kv_len.
+  std::span<const std::int32_t> causal_len;
   // CUDA plans may take the page table where an engine builds it, on the GPU, instead of
   // kv_indices (give one of the two): i32 [kv_indptr[batch]], contiguous, on the plan's device.
   // plan() checks every entry there (a kernel and one small copy back) and copies the table into

@@ -25,6 +25,10 @@ namespace fp8mla {
 // One rank's share of a batch: index arrays it owns and a Problem viewing them.
 struct ContextShard {
   std::vector<std::int32_t> qo_indptr, kv_indptr, kv_indices, kv_len;
+  // Causal problems: kv_len_r - (this rank's first token of request r), where the rank holds any
+  // of its tokens (else 0): the shard's causal mask counts from the whole context
+  // (Problem::causal_len), so multi-token rows see the tokens the unsharded problem shows them.
+  std::vector<std::int32_t> causal_len;
   Problem problem;  // = the full problem with this rank's page table and lengths
 
   ContextShard() = default;
@@ -39,8 +43,8 @@ struct ContextShard {
 // (a rank past the end of a short request gets kv_len 0: its rows merge as empty states).
 // Fills `shard` (its vectors, then shard.problem over them).
 // Errors (invalid_argument): world < 1, rank outside [0, world), a sparse problem (its indices
-// are global slots: shard them by filtering instead), causal with some qo_len > 1 (a shard
-// other than the last would mask the wrong tokens), a page table on the device
+// are global slots: shard them by filtering instead), a full problem that already has a
+// causal_len (shards of shards are not supported), a page table on the device
 // (device_kv_indices: shards are cut on the host), and the validation plan() would do on the
 // index arrays it reads (lengths, kv_len within the pages listed).
 void shard_context(const Problem& full, int rank, int world, ContextShard& shard);

@@ -272,8 +272,8 @@ def plan_context_parallel(comm, qo_indptr, kv_indptr, kv_indices, kv_len, *, num
     """This rank's plan of a batch whose contexts are spread over comm's ranks
     (fp8mla::plan_context_parallel): rank k of world n takes pages [k m, (k + 1) m) of each
     request (m = ceil(pages / n)); the page table lists the full contexts, with page ids of
-    this rank's pool for its own pages. Arguments as plan()'s (dense only; causal needs
-    qo_len <= 1); device defaults to comm's ("cuda:<device_id>"); options are plan()'s
+    this rank's pool for its own pages. Arguments as plan()'s (dense only; causal
+    multi-token rows are masked as over the whole context); device defaults to comm's ("cuda:<device_id>"); options are plan()'s
     (cuda_graph=True with max_* for replan_context_parallel). Keeps comm alive.
     """
     if device is None:

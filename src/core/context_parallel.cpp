@@ -27,6 +27,8 @@ void shard_context(const Problem& full, int rank, int world, ContextShard& shard
   require(full.page_size >= 1, "problem.page_size", "must be >= 1, got ", full.page_size);
   require(!full.device_kv_indices.defined(), "problem.device_kv_indices",
           "context parallelism shards the page table on the host: give kv_indices");
+  require(full.causal_len.empty(), "problem.causal_len",
+          "is what shard_context sets; shard the full problem, not a shard");
   const std::size_t batch = full.qo_indptr.empty() ? 0 : full.qo_indptr.size() - 1;
   require(full.kv_indptr.size() == batch + 1, "problem.kv_indptr", "expected ", batch + 1,
           " entries, got ", full.kv_indptr.size());
@@ -36,10 +38,8 @@ void shard_context(const Problem& full, int rank, int world, ContextShard& shard
   shard.kv_indptr.assign(1, 0);
   shard.kv_indices.clear();
   shard.kv_len.clear();
+  shard.causal_len.clear();
   for (std::size_t r = 0; r < batch; ++r) {
-    const std::int64_t qo = full.qo_indptr[r + 1] - full.qo_indptr[r];
-    require(!full.causal || qo <= 1, detail::msg("problem.qo_indptr[", r + 1, "]"),
-            "context-parallel causal decode supports qo_len <= 1, got ", qo);
     const std::int64_t len = full.kv_len[r], ps = full.page_size;
     const std::int64_t listed = full.kv_indptr[r + 1] - full.kv_indptr[r];
     const std::int64_t pages = (len + ps - 1) / ps;
@@ -50,14 +50,18 @@ void shard_context(const Problem& full, int rank, int world, ContextShard& shard
     for (std::int64_t p = first; p < last; ++p)
       shard.kv_indices.push_back(full.kv_indices[full.kv_indptr[r] + p]);
     shard.kv_indptr.push_back(static_cast<std::int32_t>(shard.kv_indices.size()));
-    shard.kv_len.push_back(static_cast<std::int32_t>(
-        std::max<std::int64_t>(0, std::min(len, last * ps) - first * ps)));
+    const std::int64_t held = std::max<std::int64_t>(0, std::min(len, last * ps) - first * ps);
+    shard.kv_len.push_back(static_cast<std::int32_t>(held));
+    // The mask counts from the whole context: query token i of qo sees global tokens
+    // [0, len - qo + i], i.e. this shard's [0, len - first * ps - qo + i].
+    shard.causal_len.push_back(static_cast<std::int32_t>(held > 0 ? len - first * ps : 0));
   }
   shard.problem = full;
   shard.problem.qo_indptr = shard.qo_indptr;
   shard.problem.kv_indptr = shard.kv_indptr;
   shard.problem.kv_indices = shard.kv_indices;
   shard.problem.kv_len = shard.kv_len;
+  if (full.causal) shard.problem.causal_len = shard.causal_len;
 }
 
 // ---- NcclComm ----

@@ -206,9 +206,21 @@ void check_arrays(const Problem& p, const PlanOptions& o) {
         }
       }
       const std::int64_t qo_len = p.qo_indptr[r + 1] - p.qo_indptr[r];
-      if (!sparse && p.causal && len > 0 && qo_len > len) {
+      if (!sparse && p.causal && p.causal_len.empty() && len > 0 && qo_len > len) {
         fail_at("kv_len", ri, len, " is less than qo_len = ", qo_len,
                 " (causal attention needs qo_len <= kv_len, or kv_len = 0)");
+      }
+    }
+  }
+
+  if (!p.causal_len.empty()) {
+    require(!sparse && p.causal, "causal_len", "is for causal dense problems");
+    require(p.causal_len.size() == batch, "causal_len", "expected batch = ", batch,
+            " entries, got ", p.causal_len.size());
+    for (std::size_t r = 0; r < batch; ++r) {
+      if (p.causal_len[r] < p.kv_len[r]) {
+        fail_at("causal_len", static_cast<std::int64_t>(r), p.causal_len[r],
+                " is less than kv_len = ", p.kv_len[r]);
       }
     }
   }
@@ -427,6 +439,7 @@ PlanState build_state(const Problem& p, const PlanOptions& o, int sm_count, int 
   s.kv_indptr.assign(p.kv_indptr.begin(), p.kv_indptr.end());
   s.kv_indices.assign(p.kv_indices.begin(), p.kv_indices.end());
   s.kv_len.assign(p.kv_len.begin(), p.kv_len.end());
+  s.causal_len.assign(p.causal_len.begin(), p.causal_len.end());
   s.sparse_indices.assign(p.sparse_indices.begin(), p.sparse_indices.end());
   partition(s);
   set_capacities(s);

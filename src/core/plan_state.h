@@ -40,6 +40,7 @@ struct PlanState {
   std::vector<std::int32_t> kv_indptr;       // [batch + 1]
   std::vector<std::int32_t> kv_indices;      // [kv_indptr[batch]]
   std::vector<std::int32_t> kv_len;          // [batch]
+  std::vector<std::int32_t> causal_len;      // [batch] or empty (Problem::causal_len)
   std::vector<std::int32_t> sparse_indices;  // [total_q * topk] (sparse only)
 
   // The partition. Tiles of one request are contiguous in `tiles`, in split order.
@@ -69,5 +70,11 @@ struct PlanState {
   // (Problem::device_kv_indices), copied instead of kv_indices (then empty).
   TensorView device_kv_indices;
 };
+
+// The length request r's causal mask counts from: query token i sees tokens
+// [0, causal_mask_len(s, r) - qo_len + i] of the kv_len[r] listed (Problem::causal_len).
+inline std::int64_t causal_mask_len(const PlanState& s, int r) {
+  return s.causal_len.empty() ? s.kv_len[r] : s.causal_len[r];
+}
 
 }  // namespace fp8mla::detail

@@ -368,11 +368,12 @@ template <class V>
   const PlanState& plan = ctx.plan;
   const int r = tile.request;
   const std::int64_t qo_len = plan.qo_indptr[r + 1] - plan.qo_indptr[r];
-  const std::int64_t kv_len = plan.kv_len[r];
-  const std::int64_t end = std::min<std::int64_t>(tile.kv_end, kv_len);
-  // Query token i of the request sees [0, kv_len - qo_len + i]; the limit is exclusive.
+  const std::int64_t end = std::min<std::int64_t>(tile.kv_end, plan.kv_len[r]);
+  // Query token i of the request sees [0, M - qo_len + i], M = causal_mask_len (kv_len unless
+  // the tokens are a context-parallel shard); the limit is exclusive.
+  const std::int64_t mask = causal_mask_len(plan, r);
   auto limit = [&](int tq) {
-    return plan.causal ? std::min(end, kv_len - qo_len + tile.q_begin + tq + 1) : end;
+    return plan.causal ? std::min(end, mask - qo_len + tile.q_begin + tq + 1) : end;
   };
   const std::int64_t last = limit(tile.q_count - 1);  // the tile's last token sees the most
   const std::int32_t* pages = plan.kv_indices.data() + plan.kv_indptr[r];

@@ -110,7 +110,10 @@ void cpu_reference(const PlanState& plan, const RunArgs& args) {
           decode_slot(slot / page_size, slot % page_size);
         }
       } else {
-        const std::int64_t end = plan.causal ? kv_len - qo_len + i + 1 : kv_len;
+        const std::int64_t end =
+            plan.causal
+                ? std::min(kv_len, causal_mask_len(plan, static_cast<int>(r)) - qo_len + i + 1)
+                : kv_len;
         for (std::int64_t j = 0; j < end; ++j) visible.push_back(j);
       }
       for (std::int64_t h = 0; h < plan.num_heads; ++h) {

@@ -18,7 +18,7 @@ struct DeviceTile {
   WorkTile tile;
   std::int32_t q_first;       // qo_indptr[request] + q_begin: global index of its first query token
   std::int32_t qo_len;        // the request's query tokens
-  std::int32_t kv_len;        // the request's context (0 when sparse)
+  std::int32_t kv_len;        // the length its causal mask counts from (0 when sparse)
   std::int32_t kv_base;       // kv_indptr[request]: its first page-table entry (0 when sparse)
   std::int64_t partial_base;  // partial_offset[request]: its first split-KV partial row
   std::int64_t unused = 0;    // 64 bytes: four 16-byte loads

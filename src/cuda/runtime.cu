@@ -244,9 +244,10 @@ void cuda_upload_plan(PlanState& plan) {
   const bool sparse = plan.topk > 0;
   for (const WorkTile& t : plan.tiles) {
     const int r = t.request;
+    // The kernels read DeviceTile::kv_len for the causal mask only (kv_end bounds the tokens).
     tiles.push_back({t, plan.qo_indptr[r] + t.q_begin, plan.qo_indptr[r + 1] - plan.qo_indptr[r],
-                     sparse ? 0 : plan.kv_len[r], sparse ? 0 : plan.kv_indptr[r],
-                     plan.partial_offset[r]});
+                     sparse ? 0 : static_cast<std::int32_t>(causal_mask_len(plan, r)),
+                     sparse ? 0 : plan.kv_indptr[r], plan.partial_offset[r]});
   }
   upload(b.tiles, tiles, b.cap_tiles, "tiles");
   upload(b.qo_indptr, plan.qo_indptr, b.cap_batch + 1, "qo_indptr");

@@ -1,5 +1,5 @@
-// Context parallelism on one machine: every rank is a thread with its shard's plan (float64
-// reference), and the library's run_context_parallel body (detail::run_sharded) runs with an
+// Context parallelism on one machine: every rank is a thread with its shard's plan (the CPU fast
+// path; the unsharded result is the float64 reference), and the library's run_context_parallel body (detail::run_sharded) runs with an
 // in-memory all-gather between the threads in place of NCCL's: each rank runs into its slot of
 // its world-major exchange buffers ([world, rows, 512] bf16, [world, rows] f32), copies the
 // others' slots, and merges. Every rank's result must match the unsharded run. Tolerance: the
@@ -62,26 +62,38 @@ struct HostExchange {
   }
 };
 
+// Multi-token causal rows (qo > 1: MTP / speculative verify) see the tokens the unsharded
+// problem shows them: shard_context sets each shard's causal_len. Short contexts put shard
+// boundaries among a request's last qo tokens (partly visible shards, and rows that see none of
+// a shard: empty states in the merge).
 TEST(ContextParallel, ShardedRunsMergeToTheFullResult) {
   const struct {
     KvFormat format;
     int heads, page_size, world;
     bool causal;
-  } cases[] = {{KvFormat::fp8_e4m3, 8, 1, 2, true},
-               {KvFormat::fp8_e4m3, 16, 64, 4, false},
-               {KvFormat::fp8_e4m3_block, 64, 16, 3, true},
-               {KvFormat::bf16, 128, 64, 8, false},
-               {KvFormat::fp8_e4m3, 5, 16, 1, true}};
+    int qo, kv_max;
+  } cases[] = {{KvFormat::fp8_e4m3, 8, 1, 2, true, 1, 3000},
+               {KvFormat::fp8_e4m3, 16, 64, 4, false, 1, 3000},
+               {KvFormat::fp8_e4m3_block, 64, 16, 3, true, 1, 3000},
+               {KvFormat::bf16, 128, 64, 8, false, 1, 3000},
+               {KvFormat::fp8_e4m3, 5, 16, 1, true, 1, 3000},
+               {KvFormat::fp8_e4m3, 16, 1, 3, true, 4, 3000},
+               {KvFormat::fp8_e4m3, 8, 1, 4, true, 4, 12},
+               {KvFormat::bf16, 16, 2, 3, true, 3, 20},
+               {KvFormat::fp8_e4m3, 128, 16, 2, true, 2, 600},
+               {KvFormat::fp8_e4m3, 8, 1, 3, false, 4, 12}};
   for (const auto& k : cases) {
     test::ProblemSpec s;
     s.format = k.format;
     s.num_heads = k.heads;
     s.page_size = k.page_size;
     s.batch = 4;
-    s.kv_len_min = 0;  // short requests leave late ranks empty
-    s.kv_len_max = 3000;
+    s.kv_len_min = k.qo > 1 ? k.qo : 0;  // short requests leave late ranks empty
+    s.kv_len_max = k.kv_max;
+    s.qo_len_min = 1;
+    s.qo_len_max = k.qo;
     s.causal = k.causal;
-    s.seed = 40 + static_cast<std::uint64_t>(k.world);
+    s.seed = 40 + static_cast<std::uint64_t>(k.world) + 10 * static_cast<std::uint64_t>(k.qo);
     test::RandomCase c = test::make_case(s);
     const Problem full = c.problem();
     test::HostOutput want = run_reference(c, full);
@@ -99,7 +111,9 @@ TEST(ContextParallel, ShardedRunsMergeToTheFullResult) {
           ContextShard shard;
           shard_context(full, rank, k.world, shard);
           for (std::int32_t len : shard.kv_len) covered[rank] += len;
-          const Plan local = plan(shard.problem, reference_options());
+          PlanOptions o;
+          o.num_threads = 1;  // the ranks are the threads
+          const Plan local = plan(shard.problem, o);
           detail::run_sharded(local, rank, k.world, x.buffers(rank), c.host_args(got[rank]),
                               [&](const detail::ExchangeBuffers&) {
                                 gathered = true;
@@ -163,11 +177,14 @@ TEST(ContextParallel, RejectsWhatItCannotShard) {
   ContextShard shard;
   EXPECT_THROW(shard_context(c.problem(), 0, 0, shard), Error);
   EXPECT_THROW(shard_context(c.problem(), 2, 2, shard), Error);
+  // A shard is not sharded again: its causal_len would be lost.
+  shard_context(c.problem(), 0, 2, shard);
+  ContextShard again;
   try {
-    shard_context(c.problem(), 0, 2, shard);
-    FAIL() << "causal qo_len 3 accepted";
+    shard_context(shard.problem, 0, 2, again);
+    FAIL() << "a shard's problem accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("qo_indptr"), std::string::npos) << e.what();
+    EXPECT_EQ(e.argument(), "problem.causal_len") << e.what();
   }
   test::ProblemSpec sp;
   sp.topk = 16;

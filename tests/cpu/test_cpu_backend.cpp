@@ -222,6 +222,8 @@ INSTANTIATE_TEST_SUITE_P(Grid, CpuBackendGrid, ::testing::ValuesIn(kGrid),
 // Values: v0 = 4 e1, v1 = e0 + 8 e2, so o = (3/4, 1, 6, 0, ...), exact in bf16.
 // Request 0: two query tokens, causal: token 0 sees only token 0 (o = v0, lse = 0).
 // Request 1: one query token and no cache (o = 0, lse = -inf).
+// Shifted: causal_len = {3, 0}, as a context-parallel shard whose context runs one token past
+// the two held: token 0 then sees both tokens too.
 TEST(CpuBackendReference, TinyCaseHasTheClosedFormAnswer) {
   std::vector<std::uint16_t> cache(2 * kDimQk, 0);  // [1 page, 2 tokens, 576] bf16
   cache[kDimCkv] = 0;                               // token 0: kpe[0] = 0
@@ -247,43 +249,55 @@ TEST(CpuBackendReference, TinyCaseHasTheClosedFormAnswer) {
   pr.kv_indices = kv_indices;
   pr.kv_len = kv_len;
 
-  for (bool use_reference : {true, false}) {
-    SCOPED_TRACE(use_reference ? "reference" : "fast path");
-    PlanOptions options;
-    options.cpu_reference = use_reference;
-    const Plan p = plan(pr, options);
-    test::HostOutput o(3, 1);
-    RunArgs args;
-    args.q_nope = make_view(q_nope.data(), DType::bf16, {3, 1, kDimCkv});
-    args.q_pe = make_view(q_pe.data(), DType::bf16, {3, 1, kDimKpe});
-    args.kv.format = KvFormat::bf16;
-    args.kv.ckv =
-        make_strided_view(cache.data(), DType::bf16, {1, 2, kDimCkv}, {2 * kDimQk, kDimQk, 1});
-    args.kv.kpe = make_strided_view(cache.data() + kDimCkv, DType::bf16, {1, 2, kDimKpe},
-                                    {2 * kDimQk, kDimQk, 1});
-    args.out = o.out_view();
-    args.lse = o.lse_view();
-    run(p, args);
-    auto out = [&](int t, int d) { return bf16_to_float(o.out()[t * kDimCkv + d]); };
-    // Token 0 sees token 0 only.
-    EXPECT_EQ(out(0, 1), 4.0f);
-    EXPECT_EQ(o.lse()[0], 0.0f);
-    // Token 1 sees both.
-    EXPECT_EQ(out(1, 0), 0.75f);
-    EXPECT_EQ(out(1, 1), 1.0f);
-    EXPECT_EQ(out(1, 2), 6.0f);
-    EXPECT_NEAR(o.lse()[1], std::log(4.0), 1e-6);
-    // Token 2 (request 1) sees nothing.
-    EXPECT_EQ(o.lse()[2], -std::numeric_limits<float>::infinity());
-    for (int t = 0; t < 3; ++t) {
-      for (int d = 0; d < kDimCkv; ++d) {
-        const bool set = (t == 0 && d == 1) || (t == 1 && d <= 2);
-        if (!set) {
-          EXPECT_EQ(out(t, d), 0.0f) << "t=" << t << " d=" << d;
+  const std::vector<std::int32_t> shifted_len{3, 0};
+  for (const bool shifted : {false, true})
+    for (bool use_reference : {true, false}) {
+      SCOPED_TRACE(std::string(use_reference ? "reference" : "fast path") +
+                   (shifted ? ", causal_len {3, 0}" : ""));
+      pr.causal_len =
+          shifted ? std::span<const std::int32_t>(shifted_len) : std::span<const std::int32_t>();
+      PlanOptions options;
+      options.cpu_reference = use_reference;
+      const Plan p = plan(pr, options);
+      test::HostOutput o(3, 1);
+      RunArgs args;
+      args.q_nope = make_view(q_nope.data(), DType::bf16, {3, 1, kDimCkv});
+      args.q_pe = make_view(q_pe.data(), DType::bf16, {3, 1, kDimKpe});
+      args.kv.format = KvFormat::bf16;
+      args.kv.ckv =
+          make_strided_view(cache.data(), DType::bf16, {1, 2, kDimCkv}, {2 * kDimQk, kDimQk, 1});
+      args.kv.kpe = make_strided_view(cache.data() + kDimCkv, DType::bf16, {1, 2, kDimKpe},
+                                      {2 * kDimQk, kDimQk, 1});
+      args.out = o.out_view();
+      args.lse = o.lse_view();
+      run(p, args);
+      auto out = [&](int t, int d) { return bf16_to_float(o.out()[t * kDimCkv + d]); };
+      // Token 0 sees token 0 only (shifted: both, as token 1).
+      if (shifted) {
+        EXPECT_EQ(out(0, 0), 0.75f);
+        EXPECT_EQ(out(0, 1), 1.0f);
+        EXPECT_EQ(out(0, 2), 6.0f);
+        EXPECT_NEAR(o.lse()[0], std::log(4.0), 1e-6);
+      } else {
+        EXPECT_EQ(out(0, 1), 4.0f);
+        EXPECT_EQ(o.lse()[0], 0.0f);
+      }
+      // Token 1 sees both.
+      EXPECT_EQ(out(1, 0), 0.75f);
+      EXPECT_EQ(out(1, 1), 1.0f);
+      EXPECT_EQ(out(1, 2), 6.0f);
+      EXPECT_NEAR(o.lse()[1], std::log(4.0), 1e-6);
+      // Token 2 (request 1) sees nothing.
+      EXPECT_EQ(o.lse()[2], -std::numeric_limits<float>::infinity());
+      for (int t = 0; t < 3; ++t) {
+        for (int d = 0; d < kDimCkv; ++d) {
+          const bool set = (t == 0 && (shifted ? d <= 2 : d == 1)) || (t == 1 && d <= 2);
+          if (!set) {
+            EXPECT_EQ(out(t, d), 0.0f) << "t=" << t << " d=" << d;
+          }
         }
       }
     }
-  }
 }
 
 // KvReader (shared by both paths) decodes exactly what decode_token does, for every format.

@@ -217,6 +217,28 @@ TEST(ValidationPlan, CausalNeedsQoLenWithinKvLen) {
   EXPECT_NO_THROW(empty.make());
 }
 
+// Problem::causal_len (a context-parallel shard's mask length): one entry a request, each at
+// least kv_len, dense causal problems only; with it a shard may hold fewer tokens than qo_len.
+TEST(ValidationPlan, CausalLen) {
+  Input in;
+  I32 causal_len{5};
+  in.p.causal_len = causal_len;
+  expect_error([&] { in.make(); }, {"causal_len", "expected batch = 2 entries, got 1"});
+  causal_len = {5, 8};
+  in.p.causal_len = causal_len;
+  expect_error([&] { in.make(); }, {"causal_len[1]", "8", "less than kv_len = 9"});
+  causal_len = {7, 30};
+  in.p.causal_len = causal_len;
+  in.kv_len[1] = 1;  // 2 query tokens, 1 token held: fine for a shard
+  EXPECT_NO_THROW(in.make());
+  in.p.causal = false;
+  expect_error([&] { in.make(); }, {"causal_len", "causal dense"});
+  Input sparse;
+  sparse.make_sparse();
+  sparse.p.causal_len = causal_len;
+  expect_error([&] { sparse.make(); }, {"causal_len", "causal dense"});
+}
+
 TEST(ValidationPlan, Topk) {
   Input in;
   in.p.topk = -1;

@@ -22,6 +22,7 @@
 
 #include "fp8mla/attention.h"
 #include "fp8mla/cache.h"
+#include "fp8mla/context_parallel.h"
 #include "fp8mla/error.h"
 #include "src/core/backend.h"
 #include "tests/common/test_util.h"
@@ -238,6 +239,43 @@ TEST(CudaDecodeExtend, LongQueryChunksMatchReference) {
   for (const GridCase& g : cases) {
     run_case(grid_spec(g, 21));
     if (g.heads <= 16) run_case(grid_spec(g, 22), capped);
+  }
+}
+
+// Context-parallel shards of multi-token causal requests: each of three ranks' shards
+// (shard_context, which sets Problem::causal_len) runs alone on the GPU and matches the CPU
+// reference of the same shard. Short contexts cut shards among a request's last query tokens,
+// so some rows see part of a shard and some none of it (o = 0, lse = -inf). The kernel families
+// of <= 16 rows at pages 1, 2 and 16, and of 17-64 rows (16 heads x 4 tokens; 128 heads).
+TEST(CudaDecodeShards, CausalLenMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  const struct {
+    KvFormat f;
+    int heads, page_size, kv_max;
+  } kinds[] = {{F8, 8, 1, 12},  {BF, 8, 2, 24},     {F8, 16, 16, 100},
+               {F8, 16, 1, 40}, {BF, 128, 64, 400}, {F8, 128, 64, 400}};
+  PlanOptions reference_options;
+  reference_options.cpu_reference = true;
+  for (const auto& k : kinds) {
+    test::ProblemSpec s = decode_spec(k.f, k.heads, k.page_size, 4, k.kv_max, 57);
+    s.batch = 5;
+    s.qo_len_min = 2;
+    s.qo_len_max = 4;
+    test::RandomCase c = test::make_case(s);
+    DeviceBuffer cache(c.cache), q(c.q);
+    for (int rank = 0; rank < 3; ++rank) {
+      const std::string what = test::describe(s) + ", rank " + std::to_string(rank) + " of 3";
+      ContextShard shard;
+      shard_context(c.problem(DeviceKind::cuda), rank, 3, shard);
+      Problem on_host = shard.problem;
+      on_host.device = DeviceKind::cpu;
+      test::HostOutput ref(c);
+      run(plan(on_host, reference_options), c.host_args(ref));
+      DeviceOutput d(c, 64);
+      run(plan(shard.problem), device_args(c, cache, q, d));
+      detail::cuda_synchronize(0);
+      expect_matches(d, ref, what);
+    }
   }
 }
 
