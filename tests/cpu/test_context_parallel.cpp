@@ -1,6 +1,7 @@
 // Context parallelism on one machine: every rank is a thread with its shard's plan (the CPU fast
-// path; the unsharded result is the float64 reference), and the library's run_context_parallel body (detail::run_sharded) runs with an
-// in-memory all-gather between the threads in place of NCCL's: each rank runs into its slot of
+// path; the unsharded result is the float64 reference), and the library's run_context_parallel
+// body (detail::run_sharded) runs with an in-memory all-gather between the threads in place of
+// NCCL's: each rank runs into its slot of
 // its world-major exchange buffers ([world, rows, 512] bf16, [world, rows] f32), copies the
 // others' slots, and merges. Every rank's result must match the unsharded run. Tolerance: the
 // partials are rounded to bf16 before the merge (2^-9 relative each), so rel L2 <= 4e-3 on out
