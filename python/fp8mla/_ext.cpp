@@ -160,7 +160,8 @@ struct ProblemArgs {
 void fill_problem(ProblemArgs& pa, nb::handle qo_indptr, nb::handle kv_indptr,
                   nb::handle kv_indices, nb::handle kv_len, int num_heads, int page_size,
                   std::int64_t num_pages, KvFormat kv_format, bool causal, float sm_scale, int topk,
-                  nb::handle sparse_indices, const std::string& device, int device_id) {
+                  nb::handle sparse_indices, nb::handle causal_len, const std::string& device,
+                  int device_id) {
   fp8mla::Problem& p = pa.problem;
   p.num_heads = num_heads;
   p.page_size = page_size;
@@ -185,6 +186,8 @@ void fill_problem(ProblemArgs& pa, nb::handle qo_indptr, nb::handle kv_indptr,
   p.kv_len = host_span<const std::int32_t>(pa.keep.in(kv_len, "kv_len"), "kv_len", DType::i32);
   p.sparse_indices = host_span<const std::int32_t>(pa.keep.in(sparse_indices, "sparse_indices"),
                                                    "sparse_indices", DType::i32);
+  p.causal_len =
+      host_span<const std::int32_t>(pa.keep.in(causal_len, "causal_len"), "causal_len", DType::i32);
 }
 
 // fp8mla::PlanOptions from the dict the Python layer builds (api._plan_options: every key).
@@ -234,17 +237,19 @@ void def_replan(nb::module_& m, const char* name) {
       name,
       [](P& p, nb::handle qo_indptr, nb::handle kv_indptr, nb::handle kv_indices, nb::handle kv_len,
          int num_heads, int page_size, std::int64_t num_pages, KvFormat kv_format, bool causal,
-         float sm_scale, int topk, nb::handle sparse_indices, const std::string& device,
-         int device_id) {
+         float sm_scale, int topk, nb::handle sparse_indices, nb::handle causal_len,
+         const std::string& device, int device_id) {
         ProblemArgs pa;
         fill_problem(pa, qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size, num_pages,
-                     kv_format, causal, sm_scale, topk, sparse_indices, device, device_id);
+                     kv_format, causal, sm_scale, topk, sparse_indices, causal_len, device,
+                     device_id);
         nb::gil_scoped_release release;
         Replan(p, pa.problem);
       },
       "plan"_a, "qo_indptr"_a.none(), "kv_indptr"_a.none(), "kv_indices"_a.none(),
       "kv_len"_a.none(), "num_heads"_a, "page_size"_a, "num_pages"_a, "kv_format"_a, "causal"_a,
-      "sm_scale"_a, "topk"_a, "sparse_indices"_a.none(), "device"_a, "device_id"_a);
+      "sm_scale"_a, "topk"_a, "sparse_indices"_a.none(), "causal_len"_a.none(), "device"_a,
+      "device_id"_a);
 }
 
 void translate_error(const std::exception_ptr& e, void*) {
@@ -346,18 +351,20 @@ NB_MODULE(_fp8mla, m) {
       "plan",
       [](nb::handle qo_indptr, nb::handle kv_indptr, nb::handle kv_indices, nb::handle kv_len,
          int num_heads, int page_size, std::int64_t num_pages, KvFormat kv_format, bool causal,
-         float sm_scale, int topk, nb::handle sparse_indices, const std::string& device,
-         int device_id, const nb::dict& options) {
+         float sm_scale, int topk, nb::handle sparse_indices, nb::handle causal_len,
+         const std::string& device, int device_id, const nb::dict& options) {
         ProblemArgs pa;
         fill_problem(pa, qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size, num_pages,
-                     kv_format, causal, sm_scale, topk, sparse_indices, device, device_id);
+                     kv_format, causal, sm_scale, topk, sparse_indices, causal_len, device,
+                     device_id);
         const fp8mla::PlanOptions o = plan_options(options);
         nb::gil_scoped_release release;
         return fp8mla::plan(pa.problem, o);
       },
       "qo_indptr"_a.none(), "kv_indptr"_a.none(), "kv_indices"_a.none(), "kv_len"_a.none(),
       "num_heads"_a, "page_size"_a, "num_pages"_a, "kv_format"_a, "causal"_a, "sm_scale"_a,
-      "topk"_a, "sparse_indices"_a.none(), "device"_a, "device_id"_a, "options"_a);
+      "topk"_a, "sparse_indices"_a.none(), "causal_len"_a.none(), "device"_a, "device_id"_a,
+      "options"_a);
 
   def_replan<fp8mla::Plan, &fp8mla::replan>(m, "replan");
 
@@ -443,11 +450,12 @@ NB_MODULE(_fp8mla, m) {
       [](const fp8mla::NcclComm& comm, nb::handle qo_indptr, nb::handle kv_indptr,
          nb::handle kv_indices, nb::handle kv_len, int num_heads, int page_size,
          std::int64_t num_pages, KvFormat kv_format, bool causal, float sm_scale, int topk,
-         nb::handle sparse_indices, const std::string& device, int device_id,
+         nb::handle sparse_indices, nb::handle causal_len, const std::string& device, int device_id,
          const nb::dict& options) {
         ProblemArgs pa;
         fill_problem(pa, qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size, num_pages,
-                     kv_format, causal, sm_scale, topk, sparse_indices, device, device_id);
+                     kv_format, causal, sm_scale, topk, sparse_indices, causal_len, device,
+                     device_id);
         const fp8mla::PlanOptions o = plan_options(options);
         nb::gil_scoped_release release;
         return fp8mla::plan_context_parallel(pa.problem, comm, o);
@@ -455,7 +463,8 @@ NB_MODULE(_fp8mla, m) {
       nb::keep_alive<0, 1>(),  // the plan uses the communicator
       "comm"_a, "qo_indptr"_a.none(), "kv_indptr"_a.none(), "kv_indices"_a.none(),
       "kv_len"_a.none(), "num_heads"_a, "page_size"_a, "num_pages"_a, "kv_format"_a, "causal"_a,
-      "sm_scale"_a, "topk"_a, "sparse_indices"_a.none(), "device"_a, "device_id"_a, "options"_a);
+      "sm_scale"_a, "topk"_a, "sparse_indices"_a.none(), "causal_len"_a.none(), "device"_a,
+      "device_id"_a, "options"_a);
 
   def_replan<fp8mla::ContextParallelPlan, &fp8mla::replan_context_parallel>(
       m, "replan_context_parallel");

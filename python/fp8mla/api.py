@@ -68,7 +68,8 @@ def _stream(stream, like):
 
 
 def _problem_args(qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size, num_pages,
-                  sm_scale, kv_format, causal, topk, sparse_indices, device, host_pages=False):
+                  sm_scale, kv_format, causal, topk, sparse_indices, device, host_pages=False,
+                  causal_len=None):
     """The Problem part of _ext.plan / replan / plan_context_parallel / replan_context_parallel's
     arguments, converted once for all. kv_indices stays on the plan's GPU when it is there
     (page_table), unless host_pages (context parallelism shards it on the host)."""
@@ -86,6 +87,7 @@ def _problem_args(qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size
         float(sm_scale),
         int(topk),
         host_i32(sparse_indices, "sparse_indices", ndim=2) if sparse_indices is not None else None,
+        host_i32(causal_len, "causal_len") if causal_len is not None else None,
         kind,
         index,
     )
@@ -105,6 +107,7 @@ def plan(
     causal=True,
     topk=0,
     sparse_indices=None,
+    causal_len=None,
     device="cpu",
     sm_count=0,
     ctas_per_sm=0,
@@ -128,6 +131,9 @@ def plan(
       kv_len      [batch]       cached tokens per request, <= pages listed * page_size
       sparse_indices [total_q, topk] global slots (page * page_size + offset) or -1 (sparse
                   mode, topk > 0; kv_* may then be None)
+      causal_len  [batch] (optional, causal dense) the length each request's causal mask
+                  counts from, >= kv_len, when the listed tokens start a longer context (a
+                  context-parallel shard: the context's length minus the shard's first token)
     num_heads 1..128, page_size a power of two in 1..128, num_pages >= 1 (the pool the cache
     view will have), sm_scale finite and > 0, kv_format a KvFormat or its name, device "cpu",
     "cuda", "cuda:N" or a torch.device. The remaining options are fp8mla::PlanOptions (graph
@@ -141,7 +147,8 @@ def plan(
     """
     return _ext.plan(
         *_problem_args(qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size, num_pages,
-                       sm_scale, kv_format, causal, topk, sparse_indices, device),
+                       sm_scale, kv_format, causal, topk, sparse_indices, device,
+                       causal_len=causal_len),
         _plan_options(sm_count, ctas_per_sm, min_chunk_tokens, num_threads, cpu_reference,
                       cuda_graph, max_batch, max_total_q, max_kv_indices, max_qo_len,
                       exact_scores, max_tile_rows),
@@ -175,6 +182,7 @@ def replan(
     causal=True,
     topk=0,
     sparse_indices=None,
+    causal_len=None,
     device="cpu",
 ):
     """Re-plans a graph-mode Plan (made with cuda_graph=True) in place for a new batch, keeping
@@ -189,7 +197,8 @@ def replan(
     _ext.replan(
         plan,
         *_problem_args(qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size, num_pages,
-                       sm_scale, kv_format, causal, topk, sparse_indices, device),
+                       sm_scale, kv_format, causal, topk, sparse_indices, device,
+                       causal_len=causal_len),
     )
 
 
@@ -273,8 +282,9 @@ def plan_context_parallel(comm, qo_indptr, kv_indptr, kv_indices, kv_len, *, num
     (fp8mla::plan_context_parallel): rank k of world n takes pages [k m, (k + 1) m) of each
     request (m = ceil(pages / n)); the page table lists the full contexts, with page ids of
     this rank's pool for its own pages. Arguments as plan()'s (dense only; causal
-    multi-token rows are masked as over the whole context); device defaults to comm's ("cuda:<device_id>"); options are plan()'s
-    (cuda_graph=True with max_* for replan_context_parallel). Keeps comm alive.
+    multi-token rows are masked as over the whole context); device defaults to comm's
+    ("cuda:<device_id>"); options are plan()'s (cuda_graph=True with max_* for
+    replan_context_parallel). Keeps comm alive.
     """
     if device is None:
         device = f"cuda:{comm.device_id}"

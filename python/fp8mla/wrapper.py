@@ -267,7 +267,7 @@ class BatchMLAPagedAttentionWrapper:
         kind, index = self._device
         args = (
             p["qo"], p["kvp"], p["kvi"], p["kvl"], p["num_heads"], p["page_size"],
-            int(num_pages), p["fmt"], p["causal"], p["sm_scale"], 0, None, kind, index,
+            int(num_pages), p["fmt"], p["causal"], p["sm_scale"], 0, None, None, kind, index,
         )
         if self._use_cuda_graph and self._plan is not None:
             _ext.replan(self._plan, *args)

@@ -79,6 +79,48 @@ def test_max_tile_rows_cuts_query_blocks(rng):
         run_case(rng, "fp8_e4m3", 16, 16, [300], [3], True, max_tile_rows=65)
 
 
+def test_causal_len_shards_merge_to_the_full_result(rng):
+    """Two page-aligned shards of each context, planned with causal_len (the context's length
+    minus the shard's first token), merge (merge_states) to the unsharded result: multi-token
+    rows see the tokens the whole context shows them, and rows that see none of a shard give
+    empty states (request 0's second shard holds only its last token)."""
+    fmt, page_size, heads, sm_scale = "fp8_e4m3", 4, 8, 0.07
+    b = ref.Batch(rng, [13, 40], [4, 3], page_size)
+    data, pool = ref.make_pool(rng, fmt, b.num_pages, page_size)
+    ckv, kpe = ref.cache_views(data, fmt)
+    q_bits, q = ref.random_q(rng, b.total_q, heads)
+    cut = [3, 5]  # pages of each request in the first shard
+    outs, lses = [], []
+    for shard in (0, 1):
+        kvp, kvi, kvl, causal_len = [0], [], [], []
+        for r in range(b.batch):
+            pages = b.kv_indices[b.kv_indptr[r]:b.kv_indptr[r + 1]]
+            length, start = int(b.kv_len[r]), shard * cut[r] * page_size
+            kvi.extend(pages[:cut[r]] if shard == 0 else pages[cut[r]:])
+            kvp.append(len(kvi))
+            kvl.append(min(length, cut[r] * page_size) if shard == 0 else length - start)
+            causal_len.append(length - start)
+        p = fp8mla.plan(b.qo_indptr, kvp, kvi, kvl, num_heads=heads, page_size=page_size,
+                        num_pages=b.num_pages, sm_scale=sm_scale, kv_format=fmt, causal=True,
+                        causal_len=causal_len)
+        o, lse = fp8mla.run(p, q_bits[:, :, :512], q_bits[:, :, 512:], ckv, kpe,
+                            return_lse=True)
+        outs.append(ref.bf16_to_f64(o).reshape(-1, 512))
+        lses.append(lse.reshape(-1))
+    assert np.all(np.isneginf(lses[1][: 3 * heads])), "query tokens 0-2 see none of shard 1"
+    v = np.stack(outs, axis=1).astype(np.float32)
+    s = np.stack(lses, axis=1)
+    vo, so = fp8mla.merge_states(v, s)
+    ro, rl = ref.attention(q, pool, b.qo_indptr, b.kv_indptr, b.kv_indices, b.kv_len, page_size,
+                           True, np.float32(sm_scale))
+    # The partial outputs are bf16 (as run() writes them): each element carries up to 2^-9 of
+    # its shard's |o| <= max |V|, which the merge's weights carry into the result.
+    vmax = float(np.abs(pool[..., :512]).max())
+    ref.assert_close(vo.reshape(ro.shape), ro, ref.OUT_RTOL, ref.OUT_ATOL + 2.0**-8 * vmax,
+                     "merged out")
+    ref.assert_close(so.reshape(rl.shape), rl, ref.LSE_RTOL, ref.LSE_ATOL, "merged lse")
+
+
 def test_fp8_per_tensor_scale(rng):
     run_case(rng, "fp8_e4m3", 8, 4, [70, 9], [1, 1], False, scale=0.03125)
 
