@@ -69,6 +69,7 @@ struct CpCase {
   KvFormat format;
   int heads, page_size, world;
   bool causal;
+  int qo = 1;  // query tokens a request, at most (> 1: MTP, each shard masked by its causal_len)
 };
 
 // Every rank's merged result equals the unsharded reference; with `graph`, the run is captured,
@@ -79,8 +80,9 @@ void check_ranks(const CpCase& k, bool graph) {
   s.num_heads = k.heads;
   s.page_size = k.page_size;
   s.batch = 5;
-  s.kv_len_min = 0;  // short requests leave late ranks empty
+  s.kv_len_min = k.qo > 1 ? k.qo : 0;  // short requests leave late ranks empty
   s.kv_len_max = 6000;
+  s.qo_len_max = k.qo;
   s.causal = k.causal;
   s.poison_unused = !graph;  // graph: the second batch reads pages the first left unused
   s.spare_pages = graph ? 30000 / k.page_size : 3;
@@ -135,10 +137,12 @@ void check_ranks(const CpCase& k, bool graph) {
 }
 
 const CpCase kCases[] = {
-    {KvFormat::fp8_e4m3, 8, 1, 1, true},  {KvFormat::fp8_e4m3, 16, 64, 1, false},
-    {KvFormat::fp8_e4m3, 8, 1, 2, true},  {KvFormat::fp8_e4m3, 128, 64, 2, false},
-    {KvFormat::bf16, 16, 64, 2, true},    {KvFormat::fp8_e4m3_block, 64, 64, 2, false},
-    {KvFormat::fp8_e4m3, 8, 64, 4, true}, {KvFormat::bf16, 8, 1, 4, false},
+    {KvFormat::fp8_e4m3, 8, 1, 1, true},     {KvFormat::fp8_e4m3, 16, 64, 1, false},
+    {KvFormat::fp8_e4m3, 8, 1, 2, true},     {KvFormat::fp8_e4m3, 128, 64, 2, false},
+    {KvFormat::bf16, 16, 64, 2, true},       {KvFormat::fp8_e4m3_block, 64, 64, 2, false},
+    {KvFormat::fp8_e4m3, 8, 64, 4, true},    {KvFormat::bf16, 8, 1, 4, false},
+    {KvFormat::fp8_e4m3, 16, 1, 1, true, 3}, {KvFormat::fp8_e4m3, 16, 1, 2, true, 3},
+    {KvFormat::bf16, 8, 64, 4, true, 2},
 };
 const CpCase kGraphCases[] = {
     {KvFormat::fp8_e4m3, 8, 1, 1, true},
