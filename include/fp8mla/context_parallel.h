@@ -46,7 +46,7 @@ struct ContextShard {
 // are global slots: shard them by filtering instead), a full problem that already has a
 // causal_len (shards of shards are not supported), a page table on the device
 // (device_kv_indices: shards are cut on the host), and the validation plan() would do on the
-// index arrays it reads (lengths, kv_len within the pages listed).
+// index arrays it reads (lengths, kv_len within the pages listed, causal qo_len <= kv_len).
 void shard_context(const Problem& full, int rank, int world, ContextShard& shard);
 
 // ---- The NCCL exchange (CUDA devices) ----

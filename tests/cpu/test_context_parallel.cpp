@@ -178,6 +178,17 @@ TEST(ContextParallel, RejectsWhatItCannotShard) {
   ContextShard shard;
   EXPECT_THROW(shard_context(c.problem(), 0, 0, shard), Error);
   EXPECT_THROW(shard_context(c.problem(), 2, 2, shard), Error);
+  // plan()'s causal rule holds for the whole request: 3 query tokens need 3 cached.
+  std::vector<std::int32_t> short_len(c.kv_len.begin(), c.kv_len.end());
+  short_len[0] = 2;
+  Problem too_short = c.problem();
+  too_short.kv_len = short_len;
+  try {
+    shard_context(too_short, 0, 2, shard);
+    FAIL() << "causal qo_len 3 over 2 tokens accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "problem.kv_len[0]") << e.what();
+  }
   // A shard is not sharded again: its causal_len would be lost.
   shard_context(c.problem(), 0, 2, shard);
   ContextShard again;
