@@ -157,21 +157,24 @@ struct ProblemArgs {
   fp8mla::Problem problem;
 };
 
-void fill_problem(ProblemArgs& pa, nb::handle qo_indptr, nb::handle kv_indptr,
-                  nb::handle kv_indices, nb::handle kv_len, int num_heads, int page_size,
-                  std::int64_t num_pages, KvFormat kv_format, bool causal, float sm_scale, int topk,
-                  nb::handle sparse_indices, nb::handle causal_len, const std::string& device,
-                  int device_id) {
+// The Problem of plan / replan / plan_context_parallel / replan_context_parallel, from the one
+// tuple api._problem_args builds: (qo_indptr, kv_indptr, kv_indices, kv_len, num_heads,
+// page_size, num_pages, kv_format, causal, sm_scale, topk, sparse_indices, causal_len, device,
+// device_id); array entries may be None.
+void fill_problem(ProblemArgs& pa, const nb::tuple& a) {
+  if (a.size() != 15) bad("problem", "expected the 15 fields of api._problem_args");
+  const nb::handle qo_indptr = a[0], kv_indptr = a[1], kv_indices = a[2], kv_len = a[3];
+  const nb::handle sparse_indices = a[11], causal_len = a[12];
   fp8mla::Problem& p = pa.problem;
-  p.num_heads = num_heads;
-  p.page_size = page_size;
-  p.num_pages = num_pages;
-  p.kv_format = kv_format;
-  p.causal = causal;
-  p.sm_scale = sm_scale;
-  p.topk = topk;
-  p.device = parse_device(device);
-  p.device_id = device_id;
+  p.num_heads = nb::cast<int>(a[4]);
+  p.page_size = nb::cast<int>(a[5]);
+  p.num_pages = nb::cast<std::int64_t>(a[6]);
+  p.kv_format = nb::cast<KvFormat>(a[7]);
+  p.causal = nb::cast<bool>(a[8]);
+  p.sm_scale = nb::cast<float>(a[9]);
+  p.topk = nb::cast<int>(a[10]);
+  p.device = parse_device(nb::cast<std::string>(a[13]));
+  p.device_id = nb::cast<int>(a[14]);
   p.qo_indptr =
       host_span<const std::int32_t>(pa.keep.in(qo_indptr, "qo_indptr"), "qo_indptr", DType::i32);
   p.kv_indptr =
@@ -235,21 +238,13 @@ template <class P, void (*Replan)(P&, const fp8mla::Problem&)>
 void def_replan(nb::module_& m, const char* name) {
   m.def(
       name,
-      [](P& p, nb::handle qo_indptr, nb::handle kv_indptr, nb::handle kv_indices, nb::handle kv_len,
-         int num_heads, int page_size, std::int64_t num_pages, KvFormat kv_format, bool causal,
-         float sm_scale, int topk, nb::handle sparse_indices, nb::handle causal_len,
-         const std::string& device, int device_id) {
+      [](P& p, const nb::tuple& problem) {
         ProblemArgs pa;
-        fill_problem(pa, qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size, num_pages,
-                     kv_format, causal, sm_scale, topk, sparse_indices, causal_len, device,
-                     device_id);
+        fill_problem(pa, problem);
         nb::gil_scoped_release release;
         Replan(p, pa.problem);
       },
-      "plan"_a, "qo_indptr"_a.none(), "kv_indptr"_a.none(), "kv_indices"_a.none(),
-      "kv_len"_a.none(), "num_heads"_a, "page_size"_a, "num_pages"_a, "kv_format"_a, "causal"_a,
-      "sm_scale"_a, "topk"_a, "sparse_indices"_a.none(), "causal_len"_a.none(), "device"_a,
-      "device_id"_a);
+      "plan"_a, "problem"_a);
 }
 
 void translate_error(const std::exception_ptr& e, void*) {
@@ -349,22 +344,14 @@ NB_MODULE(_fp8mla, m) {
 
   m.def(
       "plan",
-      [](nb::handle qo_indptr, nb::handle kv_indptr, nb::handle kv_indices, nb::handle kv_len,
-         int num_heads, int page_size, std::int64_t num_pages, KvFormat kv_format, bool causal,
-         float sm_scale, int topk, nb::handle sparse_indices, nb::handle causal_len,
-         const std::string& device, int device_id, const nb::dict& options) {
+      [](const nb::tuple& problem, const nb::dict& options) {
         ProblemArgs pa;
-        fill_problem(pa, qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size, num_pages,
-                     kv_format, causal, sm_scale, topk, sparse_indices, causal_len, device,
-                     device_id);
+        fill_problem(pa, problem);
         const fp8mla::PlanOptions o = plan_options(options);
         nb::gil_scoped_release release;
         return fp8mla::plan(pa.problem, o);
       },
-      "qo_indptr"_a.none(), "kv_indptr"_a.none(), "kv_indices"_a.none(), "kv_len"_a.none(),
-      "num_heads"_a, "page_size"_a, "num_pages"_a, "kv_format"_a, "causal"_a, "sm_scale"_a,
-      "topk"_a, "sparse_indices"_a.none(), "causal_len"_a.none(), "device"_a, "device_id"_a,
-      "options"_a);
+      "problem"_a, "options"_a);
 
   def_replan<fp8mla::Plan, &fp8mla::replan>(m, "replan");
 
@@ -447,24 +434,15 @@ NB_MODULE(_fp8mla, m) {
 
   m.def(
       "plan_context_parallel",
-      [](const fp8mla::NcclComm& comm, nb::handle qo_indptr, nb::handle kv_indptr,
-         nb::handle kv_indices, nb::handle kv_len, int num_heads, int page_size,
-         std::int64_t num_pages, KvFormat kv_format, bool causal, float sm_scale, int topk,
-         nb::handle sparse_indices, nb::handle causal_len, const std::string& device, int device_id,
-         const nb::dict& options) {
+      [](const fp8mla::NcclComm& comm, const nb::tuple& problem, const nb::dict& options) {
         ProblemArgs pa;
-        fill_problem(pa, qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size, num_pages,
-                     kv_format, causal, sm_scale, topk, sparse_indices, causal_len, device,
-                     device_id);
+        fill_problem(pa, problem);
         const fp8mla::PlanOptions o = plan_options(options);
         nb::gil_scoped_release release;
         return fp8mla::plan_context_parallel(pa.problem, comm, o);
       },
       nb::keep_alive<0, 1>(),  // the plan uses the communicator
-      "comm"_a, "qo_indptr"_a.none(), "kv_indptr"_a.none(), "kv_indices"_a.none(),
-      "kv_len"_a.none(), "num_heads"_a, "page_size"_a, "num_pages"_a, "kv_format"_a, "causal"_a,
-      "sm_scale"_a, "topk"_a, "sparse_indices"_a.none(), "causal_len"_a.none(), "device"_a,
-      "device_id"_a, "options"_a);
+      "comm"_a, "problem"_a, "options"_a);
 
   def_replan<fp8mla::ContextParallelPlan, &fp8mla::replan_context_parallel>(
       m, "replan_context_parallel");

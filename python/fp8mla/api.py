@@ -70,8 +70,8 @@ def _stream(stream, like):
 def _problem_args(qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size, num_pages,
                   sm_scale, kv_format, causal, topk, sparse_indices, device, host_pages=False,
                   causal_len=None):
-    """The Problem part of _ext.plan / replan / plan_context_parallel / replan_context_parallel's
-    arguments, converted once for all. kv_indices stays on the plan's GPU when it is there
+    """The Problem argument of _ext.plan / replan / plan_context_parallel /
+    replan_context_parallel, one tuple converted once for all (_ext.cpp fill_problem's order). kv_indices stays on the plan's GPU when it is there
     (page_table), unless host_pages (context parallelism shards it on the host)."""
     kind, index = parse_device(device)
     return (
@@ -146,9 +146,9 @@ def plan(
     RuntimeError when the device cannot be served (e.g. "cuda" in a build without CUDA).
     """
     return _ext.plan(
-        *_problem_args(qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size, num_pages,
-                       sm_scale, kv_format, causal, topk, sparse_indices, device,
-                       causal_len=causal_len),
+        _problem_args(qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size, num_pages,
+                      sm_scale, kv_format, causal, topk, sparse_indices, device,
+                      causal_len=causal_len),
         _plan_options(sm_count, ctas_per_sm, min_chunk_tokens, num_threads, cpu_reference,
                       cuda_graph, max_batch, max_total_q, max_kv_indices, max_qo_len,
                       exact_scores, max_tile_rows),
@@ -196,9 +196,9 @@ def replan(
     """
     _ext.replan(
         plan,
-        *_problem_args(qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size, num_pages,
-                       sm_scale, kv_format, causal, topk, sparse_indices, device,
-                       causal_len=causal_len),
+        _problem_args(qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size, num_pages,
+                      sm_scale, kv_format, causal, topk, sparse_indices, device,
+                      causal_len=causal_len),
     )
 
 
@@ -290,7 +290,7 @@ def plan_context_parallel(comm, qo_indptr, kv_indptr, kv_indices, kv_len, *, num
         device = f"cuda:{comm.device_id}"
     args = _problem_args(qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size,
                          num_pages, sm_scale, kv_format, causal, 0, None, device, host_pages=True)
-    return _ext.plan_context_parallel(comm, *args, _plan_options(**options))
+    return _ext.plan_context_parallel(comm, args, _plan_options(**options))
 
 
 def replan_context_parallel(plan, qo_indptr, kv_indptr, kv_indices, kv_len, *, num_heads,
@@ -302,7 +302,7 @@ def replan_context_parallel(plan, qo_indptr, kv_indptr, kv_indices, kv_len, *, n
         device = f"cuda:{plan.device_id}"
     args = _problem_args(qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size,
                          num_pages, sm_scale, kv_format, causal, 0, None, device, host_pages=True)
-    _ext.replan_context_parallel(plan, *args)
+    _ext.replan_context_parallel(plan, args)
 
 
 def run_context_parallel(plan, q_nope, q_pe, ckv_cache, kpe_cache=None, *, out=None, lse=None,

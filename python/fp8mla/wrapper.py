@@ -265,12 +265,13 @@ class BatchMLAPagedAttentionWrapper:
             self._planned_pages = num_pages
             return
         kind, index = self._device
+        # api._problem_args' tuple, from the arrays plan() already converted.
         args = (
             p["qo"], p["kvp"], p["kvi"], p["kvl"], p["num_heads"], p["page_size"],
             int(num_pages), p["fmt"], p["causal"], p["sm_scale"], 0, None, None, kind, index,
         )
         if self._use_cuda_graph and self._plan is not None:
-            _ext.replan(self._plan, *args)
+            _ext.replan(self._plan, args)
         else:
             graph = self._use_cuda_graph
             max_batch = self._max_batch or p["batch"]
@@ -280,7 +281,7 @@ class BatchMLAPagedAttentionWrapper:
             # chunks): the split the C++ planner is tuned and benchmarked with (bench/NOTES.md
             # v22; the fixed 2 CTAs per SM and 256-token chunks used here before cost e.g.
             # 1/8/4096 12.7 instead of 9.0 us on the H200).
-            self._plan = _ext.plan(*args, _plan_options(
+            self._plan = _ext.plan(args, _plan_options(
                 num_threads=self._num_threads, cpu_reference=self._cpu_reference,
                 cuda_graph=graph,
                 max_batch=max_batch if graph else 0,
