@@ -126,7 +126,9 @@ NcclComm& NcclComm::operator=(NcclComm&& o) noexcept {
 
 struct ContextParallelPlan::State {
   const NcclComm* comm = nullptr;
-  ContextShard shard;
+  // Behind a pointer: a replan shards into a new one and keeps it only once the local replan
+  // succeeded (ContextShard does not move: its problem points into its vectors).
+  std::unique_ptr<ContextShard> shard = std::make_unique<ContextShard>();
   Plan local;
   std::vector<std::int32_t> qo_indptr;  // the batch's, fixed for graph-mode replans
   std::int64_t rows = 0;                // total_q x H
@@ -146,7 +148,7 @@ const Plan& ContextParallelPlan::local() const {
   return state().local;
 }
 const ContextShard& ContextParallelPlan::shard() const {
-  return state().shard;
+  return *state().shard;
 }
 const NcclComm& ContextParallelPlan::comm() const {
   return *state().comm;
@@ -163,9 +165,9 @@ ContextParallelPlan plan_context_parallel(const Problem& full, const NcclComm& c
   cp.state_ = std::make_unique<ContextParallelPlan::State>();
   ContextParallelPlan::State& s = *cp.state_;
   s.comm = &comm;
-  shard_context(full, comm.rank(), comm.world(), s.shard);
-  s.local = plan(s.shard.problem, options);
-  s.qo_indptr = s.shard.qo_indptr;
+  shard_context(full, comm.rank(), comm.world(), *s.shard);
+  s.local = plan(s.shard->problem, options);
+  s.qo_indptr = s.shard->qo_indptr;
   s.rows = std::int64_t{s.local.total_q()} * s.local.num_heads();
   const auto bytes = static_cast<std::size_t>(comm.world() * s.rows);
   s.out = detail::DeviceMemory(bytes * kDimCkv * 2, comm.device_id());
@@ -179,8 +181,10 @@ void replan_context_parallel(ContextParallelPlan& plan, const Problem& full) {
                      s.qo_indptr.end()),
           "problem.qo_indptr",
           "must equal the planned batch's (the all-gather's size is fixed at capture)");
-  shard_context(full, s.comm->rank(), s.comm->world(), s.shard);
-  replan(s.local, s.shard.problem);
+  auto next = std::make_unique<ContextShard>();
+  shard_context(full, s.comm->rank(), s.comm->world(), *next);
+  replan(s.local, next->problem);  // a failed replan leaves the plan, and its shard, as they were
+  s.shard = std::move(next);
 }
 
 namespace detail {

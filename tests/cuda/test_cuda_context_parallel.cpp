@@ -217,7 +217,9 @@ TEST(CudaContextParallel, BadInputIsRejected) {
   expect_error([&] { replan_context_parallel(cp, more_q.problem(DeviceKind::cuda)); },
                "problem.qo_indptr");
   test::RandomCase c2 = gputest::with_new_lengths(c, 500, 3);  // a plan not made for graphs
+  const std::vector<std::int32_t> planned = cp.shard().kv_len;
   expect_error([&] { replan_context_parallel(cp, c2.problem(DeviceKind::cuda)); }, "plan");
+  EXPECT_EQ(cp.shard().kv_len, planned) << "a failed replan keeps the planned shard";
 }
 
 }  // namespace
