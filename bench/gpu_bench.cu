@@ -135,12 +135,10 @@ struct CaseRunner {
     args.kv = cache_view(pool, f, pool_pages, ps);
     args.stream = s;
 
-    // Bytes: every context token once. Score pairs: query token i of qo sees ctx - qo + 1 + i
-    // tokens (causal), qo ctx - qo (qo - 1) / 2 in all.
+    // Bytes: every context token once.
     const std::int64_t active = static_cast<std::int64_t>(bs) * ctx;
     const double bytes = static_cast<double>(active) * static_cast<double>(tb);
-    const double pairs = bs * (double(qo) * ctx - double(qo) * (qo - 1) / 2);
-    const double flops = 2.0 * pairs * heads * (576.0 + 512.0);
+    const double flops = causal_attention_flops(static_cast<double>(active), bs, qo, heads);
     const int reps = quick ? 5 : 15;
     std::vector<CaseResult> results;
     auto record = [&](const std::string& strategy, double us) {

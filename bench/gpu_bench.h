@@ -9,6 +9,14 @@
 
 namespace fp8mla::bench {
 
+// Flops of causal MLA attention over `requests` requests of `qo` query tokens and `tokens` cached
+// tokens in all: query token i of a request of L tokens sees L - qo + 1 + i of them, so a request
+// has qo L - qo (qo - 1) / 2 score pairs, each 2 x 576 (scores) + 2 x 512 (P V) flops a head.
+inline double causal_attention_flops(double tokens, int requests, int qo, int heads) {
+  const double q = qo;
+  return (q * tokens - requests * q * (q - 1) / 2) * heads * 2.0 * (576 + 512);
+}
+
 struct GpuBenchOptions {
   bool quick = false;        // ~1 minute: fewer cases and repetitions
   std::vector<int> batches;  // empty = the ANCHORS.md grid

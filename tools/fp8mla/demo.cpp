@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "bench/baselines/baselines.h"
+#include "bench/gpu_bench.h"
 #include "fp8mla/attention.h"
 #include "fp8mla/error.h"
 #include "tools/fp8mla/args.h"
@@ -406,11 +407,8 @@ int run_demo(std::span<const std::string_view> argv) {
   row("(2) gather+cast, attend bf16", bytes2, step2,
       "   (gather " + format_fixed(mean.gather_s * layers * 1e3, 1) + " ms)");
   row("(3) native FP8", bytes3, step3, "");
-  // Score pairs: query token i of q sees L - q + 1 + i tokens (causal), q L - q (q - 1) / 2 a
-  // request of L tokens.
-  const double q = wc.qo_len;
-  const double pairs = q * static_cast<double>(w.active_tokens) - w.batch() * q * (q - 1) / 2;
-  const double flops3 = pairs * heads * 2 * (kDimQk + kDimCkv);
+  const double flops3 = bench::causal_attention_flops(static_cast<double>(w.active_tokens),
+                                                      w.batch(), wc.qo_len, heads);
   if (gpu) {
     std::printf(
         "\n  decode attention is memory-bound on a GPU: (3) moves %.1fx fewer bytes than (1)"
