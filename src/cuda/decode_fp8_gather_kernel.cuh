@@ -57,9 +57,12 @@ inline constexpr int kMax1 = kSum + 2 * kRows * 4 * 4;     // [row] warpgroup 1'
 inline constexpr int kScale = kMax1 + kRows * 4;           // [row] scale_nope * 2^-e
 inline constexpr int kBar = kScale + kRows * 4;
 inline constexpr int kEmpty = kBar + kStages * 8;
-inline constexpr int kSmemBytes = kEmpty + kStages * 8 + 1024;
+// [16 float4 a thread][128 threads]: warpgroup 1's O for the epilogue, in a region of its own:
+// warpgroup 1 stores it without waiting for warpgroup 0's last block, and no stage is reused
+// (racecheck misses the barrier that orders such reuse here: racecheck_barrier_repro.cu).
+inline constexpr int kXo = (kEmpty + kStages * 8 + 15) / 16 * 16;
+inline constexpr int kSmemBytes = kXo + 16 * 128 * 16 + 1024;
 static_assert(kSmemBytes + 1024 + decode::kMergeCtaSmem <= 228 * 1024, "one CTA and a merge CTA");
-static_assert(16 * 128 * 16 <= kStages * kStageBytes, "warpgroup 1's O fits the stages");
 
 // The warpgroup's barrier (128 threads; ids 3 and 4: 0 is the CTA's, 1 the math warps', 2 the
 // producers'), from one instruction per warpgroup so ptxas keeps its operands immediate.
@@ -260,13 +263,8 @@ __global__ void __maxnreg__(fp8gather::kMaxRegs)
     if (g == 0) sums[(wg * kRows + 8 * (ri / 2) + 2 * tq + ri % 2) * 4 + wr] = sum;
   }
   float* max1 = reinterpret_cast<float*>(smem + kMax1);
-  // Every block is consumed, so no copy is in flight: the stages take warpgroup 1's O once both
-  // warpgroups pass the barrier below. racecheck reports these stores against warpgroup 0's P V
-  // loads all the same: it misses this barrier's order in a kernel with the stages' mbarrier
-  // release (reduced: bench/results/racecheck_barrier_repro.cu).
-  float4* xo = reinterpret_cast<float4*>(smem + kKv);
+  float4* xo = reinterpret_cast<float4*>(smem + kXo);
   const int tid = threadIdx.x % 128;
-  bar_sync_aligned<1, kMathThreads>();
   if (wg == 1) {
 #pragma unroll
     for (int h = 0; h < 2; ++h)
