@@ -11,13 +11,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
-#include <thread>
 #include <vector>
 
 #include "fp8mla/attention.h"
@@ -639,8 +637,10 @@ TEST(CudaGraph, CaptureReplanReplay) {
 
 // replan() rewrites the device buffers (tiles, page table) that a run still queued or running
 // reads, so it must wait for that run, also on a stream that does not synchronise with the
-// legacy one (replan's copies take the legacy stream). A host function holds the stream back,
-// so the run is still queued when replan() is called; it must then compute c1, not c2.
+// legacy one (replan's copies take the legacy stream). Device work (memsets of 4 GB, ~0.1 s)
+// holds the stream, so the run is still queued when replan() is called; it must then compute
+// c1, not c2. (A host function holding the stream did not show the race: the build without the
+// wait passed, bench/results/h200_s29_replan_wait.txt.)
 TEST(CudaGraph, ReplanWaitsForTheRunInFlight) {
   SKIP_WITHOUT_GPU();
   test::ProblemSpec s = decode_spec(F8, 16, 16, 1, 3000, 33);
@@ -654,9 +654,8 @@ TEST(CudaGraph, ReplanWaitsForTheRunInFlight) {
   RunArgs args = device_args(c1, cache, q, d);
   TestStream stream;
   args.stream = stream.s;
-  check_cuda(cudaLaunchHostFunc(
-      stream.s, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); },
-      nullptr));
+  DeviceBuffer hold(std::size_t{4} << 30);
+  for (int i = 0; i < 100; ++i) check_cuda(cudaMemsetAsync(hold.ptr, i, hold.bytes, stream.s));
   run(p, args);
   replan(p, with_new_lengths(c1, 5000, 99).problem(DeviceKind::cuda));
   check_cuda(cudaStreamSynchronize(stream.s));
