@@ -299,6 +299,34 @@ int kernel_rows(const Problem& p, const PlanOptions& o) {
   return static_cast<int>(heads * std::min<std::int64_t>(q, b.max_q_per_tile));
 }
 
+// PlanOptions::max_tile_rows = 0 on CUDA with an fp8_e4m3 cache (dense, fast scores, <= 16
+// heads): 16 when the plan's 16-row tiles (requests x their 16-row query blocks; graph mode:
+// max_batch x those of max_qo_len) number at most a quarter of the SMs, else 64. Few such tiles
+// leave SMs idle, so reading a request's pages once per query block costs nothing (L2) while the
+// <= 16-row fp8 kernels run a block faster than the 17-64-row kernel; more tiles queue
+// (bench/NOTES.md mtp2: 2-16 tiles 1.15-1.6x faster, 64 tiles 1.2x slower).
+int resolve_max_tile_rows(const Problem& p, const PlanOptions& o, int sm_count) {
+  if (o.max_tile_rows > 0) return o.max_tile_rows;
+  constexpr int kCap = 16;
+  if (p.device != DeviceKind::cuda || p.kv_format != KvFormat::fp8_e4m3 || p.topk > 0 ||
+      o.exact_scores || p.num_heads > kCap)
+    return kMaxRowsPerTile;
+  const std::int64_t q_per_tile = kCap / p.num_heads;
+  std::int64_t tiles = 0, longest_qo = 0;
+  if (o.cuda_graph) {
+    longest_qo = graph_max_qo_len(o);
+    tiles = std::int64_t{o.max_batch} * ceil_div(longest_qo, q_per_tile);
+  } else {
+    for (std::size_t r = 0; r + 1 < p.qo_indptr.size(); ++r) {
+      const std::int64_t qo = p.qo_indptr[r + 1] - p.qo_indptr[r];
+      tiles += ceil_div(qo, q_per_tile);
+      longest_qo = std::max(longest_qo, qo);
+    }
+  }
+  const bool more_rows = longest_qo * p.num_heads > kCap;  // else the cap changes nothing
+  return more_rows && tiles * 4 <= sm_count ? kCap : kMaxRowsPerTile;
+}
+
 // s: the problem's fields and kernel_rows set.
 int resolve_ctas_per_sm(const PlanState& s) {
   if (s.options.ctas_per_sm > 0) return s.options.ctas_per_sm;
@@ -430,8 +458,9 @@ PlanState build_state(const Problem& p, const PlanOptions& o, int sm_count, int 
   s.device = p.device;
   s.device_id = p.device_id;
   s.options = o;
+  s.options.max_tile_rows = resolve_max_tile_rows(p, o, sm_count);  // kept by replan()
   s.sm_count = sm_count;
-  s.kernel_rows = kernel_rows(p, o);
+  s.kernel_rows = kernel_rows(p, s.options);
   s.ctas_per_sm = ctas_per_sm > 0 ? ctas_per_sm : resolve_ctas_per_sm(s);
   s.batch = static_cast<int>(p.qo_indptr.size() - 1);
   s.total_q = p.qo_indptr.back();

@@ -635,6 +635,48 @@ TEST(CudaGraph, CaptureReplanReplay) {
   }
 }
 
+// Multi-token requests (MTP) on an fp8 cache with <= 16 heads: while their 16-row tiles number at
+// most a quarter of the SMs, the planner caps tiles at 16 rows by itself (max_tile_rows = 0;
+// plan.cpp resolve_max_tile_rows, bench/NOTES.md mtp2), and the capped plan matches the
+// reference; with more requests, exact_scores, a bf16 cache or a graph plan sized for many
+// requests it keeps tiles of up to 64 rows.
+TEST(CudaPlan, FewMultiTokenRequestsTakeSixteenRowTiles) {
+  SKIP_WITHOUT_GPU();
+  const int sms = detail::cuda_sm_count(0);
+  auto spec = [](KvFormat format, int batch) {
+    test::ProblemSpec s = decode_spec(format, 16, 64, 200, 900, 61 + batch);
+    s.batch = batch;
+    s.qo_len_min = s.qo_len_max = 2;
+    s.causal = true;
+    return s;
+  };
+  auto tokens_a_tile = [](const test::RandomCase& c, const PlanOptions& o) {
+    int most = 0;
+    for (const WorkTile& t : plan(c.problem(DeviceKind::cuda), o).tiles())
+      most = std::max(most, t.q_count);
+    return most;
+  };
+  const int few = sms / 8;  // 2 tiles a request: a quarter of the SMs
+  const test::RandomCase one = test::make_case(spec(F8, 1)), some = test::make_case(spec(F8, few)),
+                         many = test::make_case(spec(F8, sms)), bf16 = test::make_case(spec(BF, 1));
+  PlanOptions exact;
+  exact.exact_scores = true;
+  EXPECT_EQ(tokens_a_tile(one, {}), 1);
+  EXPECT_EQ(tokens_a_tile(some, {}), 1);
+  EXPECT_EQ(tokens_a_tile(many, {}), 2);
+  EXPECT_EQ(tokens_a_tile(one, exact), 2);
+  EXPECT_EQ(tokens_a_tile(bf16, {}), 2);
+  PlanOptions small_graph = graph_options(one), large_graph = graph_options(one);
+  small_graph.max_qo_len = large_graph.max_qo_len = 2;
+  small_graph.max_batch = 1;
+  small_graph.max_total_q = 2;
+  large_graph.max_batch = sms;
+  large_graph.max_total_q = 2 * sms;
+  EXPECT_EQ(tokens_a_tile(one, small_graph), 1);
+  EXPECT_EQ(tokens_a_tile(one, large_graph), 2);
+  for (int batch : {1, few}) run_case(spec(F8, batch));
+}
+
 // replan() rewrites the device buffers (tiles, page table) that a run still queued or running
 // reads, so it must wait for that run, also on a stream that does not synchronise with the
 // legacy one (replan's copies take the legacy stream, which CUDA orders only against blocking
