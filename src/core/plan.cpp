@@ -300,31 +300,38 @@ int kernel_rows(const Problem& p, const PlanOptions& o) {
 }
 
 // PlanOptions::max_tile_rows = 0 on CUDA with an fp8_e4m3 cache (dense, fast scores, <= 16
-// heads): 16 when the plan's 16-row tiles (requests x their 16-row query blocks; graph mode:
-// max_batch x those of max_qo_len) number at most a quarter of the SMs, else 64. Few such tiles
-// leave SMs idle, so reading a request's pages once per query block costs nothing (L2) while the
-// <= 16-row fp8 kernels run a block faster than the 17-64-row kernel; more tiles queue
-// (bench/NOTES.md mtp2: 2-16 tiles 1.15-1.6x faster, 64 tiles 1.2x slower).
+// heads): 16 when the batch is too small to fill the GPU, i.e. at most two 64-token blocks an
+// SM (kv tokens summed over requests <= 128 x sm_count) and its 16-row tiles (requests x their
+// 16-row query blocks) at most a quarter of the SMs; else 64. There the SMs a 64-row plan leaves
+// idle take the extra tiles, and the <= 16-row fp8 kernels run a block faster than the 17-64-row
+// kernel; with longer contexts each capped tile re-reads its pages and the cap costs up to 2x
+// (bench/NOTES.md mtp2). Graph mode decides once, from the capacities (max_kv_indices pages,
+// max_batch x max_qo_len), and replan() keeps it.
 int resolve_max_tile_rows(const Problem& p, const PlanOptions& o, int sm_count) {
   if (o.max_tile_rows > 0) return o.max_tile_rows;
   constexpr int kCap = 16;
+  constexpr std::int64_t kFewTokensPerSm = 128;
   if (p.device != DeviceKind::cuda || p.kv_format != KvFormat::fp8_e4m3 || p.topk > 0 ||
       o.exact_scores || p.num_heads > kCap)
     return kMaxRowsPerTile;
   const std::int64_t q_per_tile = kCap / p.num_heads;
-  std::int64_t tiles = 0, longest_qo = 0;
+  std::int64_t tiles = 0, longest_qo = 0, tokens = 0;
   if (o.cuda_graph) {
     longest_qo = graph_max_qo_len(o);
     tiles = std::int64_t{o.max_batch} * ceil_div(longest_qo, q_per_tile);
+    tokens = o.max_kv_indices * p.page_size;
   } else {
     for (std::size_t r = 0; r + 1 < p.qo_indptr.size(); ++r) {
       const std::int64_t qo = p.qo_indptr[r + 1] - p.qo_indptr[r];
       tiles += ceil_div(qo, q_per_tile);
       longest_qo = std::max(longest_qo, qo);
+      if (qo > 0) tokens += p.kv_len[r];
     }
   }
   const bool more_rows = longest_qo * p.num_heads > kCap;  // else the cap changes nothing
-  return more_rows && tiles * 4 <= sm_count ? kCap : kMaxRowsPerTile;
+  return more_rows && tokens <= kFewTokensPerSm * sm_count && tiles * 4 <= sm_count
+             ? kCap
+             : kMaxRowsPerTile;
 }
 
 // s: the problem's fields and kernel_rows set.

@@ -635,46 +635,51 @@ TEST(CudaGraph, CaptureReplanReplay) {
   }
 }
 
-// Multi-token requests (MTP) on an fp8 cache with <= 16 heads: while their 16-row tiles number at
-// most a quarter of the SMs, the planner caps tiles at 16 rows by itself (max_tile_rows = 0;
-// plan.cpp resolve_max_tile_rows, bench/NOTES.md mtp2), and the capped plan matches the
-// reference; with more requests, exact_scores, a bf16 cache or a graph plan sized for many
-// requests it keeps tiles of up to 64 rows.
+// Multi-token requests (MTP) on an fp8 cache with <= 16 heads: while the batch is too small to
+// fill the GPU (<= 128 kv tokens an SM, 16-row tiles <= a quarter of the SMs) the planner caps
+// tiles at 16 rows by itself (max_tile_rows = 0; plan.cpp resolve_max_tile_rows, bench/NOTES.md
+// mtp2), and the capped plan matches the reference; with longer contexts, more requests,
+// exact_scores, a bf16 cache or a graph plan sized for more it keeps tiles of up to 64 rows.
 TEST(CudaPlan, FewMultiTokenRequestsTakeSixteenRowTiles) {
   SKIP_WITHOUT_GPU();
   const int sms = detail::cuda_sm_count(0);
-  auto spec = [](KvFormat format, int batch) {
-    test::ProblemSpec s = decode_spec(format, 16, 64, 200, 900, 61 + batch);
+  auto spec = [](KvFormat format, int batch, int kv_len) {
+    test::ProblemSpec s = decode_spec(format, 16, 64, kv_len, kv_len, 61 + batch);
     s.batch = batch;
     s.qo_len_min = s.qo_len_max = 2;
     s.causal = true;
     return s;
   };
   auto tokens_a_tile = [](const test::RandomCase& c, const PlanOptions& o) {
+    const Plan p = plan(c.problem(DeviceKind::cuda), o);
     int most = 0;
-    for (const WorkTile& t : plan(c.problem(DeviceKind::cuda), o).tiles())
-      most = std::max(most, t.q_count);
+    for (const WorkTile& t : p.tiles()) most = std::max(most, t.q_count);
     return most;
   };
-  const int few = sms / 8;  // 2 tiles a request: a quarter of the SMs
-  const test::RandomCase one = test::make_case(spec(F8, 1)), some = test::make_case(spec(F8, few)),
-                         many = test::make_case(spec(F8, sms)), bf16 = test::make_case(spec(BF, 1));
+  const int few = sms / 8;                    // 2 tiles a request: a quarter of the SMs
+  const int short_kv = 128 * sms / few - 64;  // their tokens: just under 128 an SM
+  const test::RandomCase one = test::make_case(spec(F8, 1, 900)),
+                         some = test::make_case(spec(F8, few, short_kv)),
+                         longer = test::make_case(spec(F8, few, short_kv + 128)),
+                         more = test::make_case(spec(F8, few + 1, 900)),
+                         bf16 = test::make_case(spec(BF, 1, 900));
   PlanOptions exact;
   exact.exact_scores = true;
   EXPECT_EQ(tokens_a_tile(one, {}), 1);
   EXPECT_EQ(tokens_a_tile(some, {}), 1);
-  EXPECT_EQ(tokens_a_tile(many, {}), 2);
+  EXPECT_EQ(tokens_a_tile(longer, {}), 2);
+  EXPECT_EQ(tokens_a_tile(more, {}), 2);
   EXPECT_EQ(tokens_a_tile(one, exact), 2);
   EXPECT_EQ(tokens_a_tile(bf16, {}), 2);
   PlanOptions small_graph = graph_options(one), large_graph = graph_options(one);
-  small_graph.max_qo_len = large_graph.max_qo_len = 2;
   small_graph.max_batch = 1;
-  small_graph.max_total_q = 2;
-  large_graph.max_batch = sms;
-  large_graph.max_total_q = 2 * sms;
+  small_graph.max_total_q = small_graph.max_qo_len = large_graph.max_qo_len = 2;
+  large_graph.max_batch = few + 1;
+  large_graph.max_total_q = 2 * (few + 1);
   EXPECT_EQ(tokens_a_tile(one, small_graph), 1);
   EXPECT_EQ(tokens_a_tile(one, large_graph), 2);
-  for (int batch : {1, few}) run_case(spec(F8, batch));
+  run_case(spec(F8, 1, 900));
+  run_case(spec(F8, few, short_kv));
 }
 
 // replan() rewrites the device buffers (tiles, page table) that a run still queued or running
