@@ -87,12 +87,16 @@ struct PlanOptions {
   // ~1e-3 relative at scores ~50; README "Numerics"). true converts K to fp16 first (exact
   // products, fp32 sums: ~1e-6), 21-29% slower where the cache read bounds the time.
   bool exact_scores = false;
-  // Rows (query tokens x heads) a tile packs at most, in [0, kMaxRowsPerTile]; 0 = 64. A smaller
-  // cap cuts multi-token requests (MTP / speculative verify) into more tiles of fewer query
-  // tokens, each reading the request's pages (mostly from L2 when they run side by side), so that
-  // their rows run on the kernel for <= 16 rows: on CUDA with fp8_e4m3 that one computes the
-  // scores on fp8 tensor cores (bench/NOTES.md mtp1). A tile keeps at least one query token, so
-  // with more heads than the cap it holds one token of up to 64 heads.
+  // Rows (query tokens x heads) a tile packs at most, in [0, kMaxRowsPerTile]. A smaller cap cuts
+  // multi-token requests (MTP / speculative verify) into more tiles of fewer query tokens, each
+  // reading the request's pages (mostly from L2 when they run side by side), so that their rows
+  // run on the kernel for <= 16 rows: on CUDA with fp8_e4m3 that one computes the scores on fp8
+  // tensor cores. A tile keeps at least one query token, so with more heads than the cap it holds
+  // one token of up to 64 heads. 0 = the planner's choice: 16 on CUDA for a dense fp8_e4m3 batch
+  // of <= 16 heads (exact_scores false) too small to fill the GPU (<= 128 kv tokens an SM in
+  // all, 16-row tiles <= a quarter of the SMs; graph mode: judged once from max_kv_indices x
+  // page_size, max_batch and max_qo_len), else 64; where it caps, 1-4 requests of 2-4 tokens ran
+  // 1.1-1.6x faster on an H200, and past it the cap cost up to 2x (bench/NOTES.md mtp2).
   int max_tile_rows = 0;
   // CUDA graphs: device buffers get fixed capacities (max_* below, all > 0), so replan() can
   // rewrite them in place and a captured run() stays valid.

@@ -140,7 +140,7 @@ def plan(
     mode: cuda_graph=True with max_batch, max_total_q, max_kv_indices > 0; exact_scores=True
     keeps fp8_e4m3 scores off the fp8 tensor cores, README "Numerics"; max_tile_rows in 0..64
     caps the rows, heads x query tokens, a tile packs: 16 puts multi-token rows of <= 16 heads
-    on the <= 16-row CUDA kernels).
+    on the <= 16-row CUDA kernels; 0 lets the planner choose).
 
     Returns a Plan. Raises ValueError naming the argument, index and bound for bad input;
     RuntimeError when the device cannot be served (e.g. "cuda" in a build without CUDA).

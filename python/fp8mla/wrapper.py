@@ -109,8 +109,8 @@ class BatchMLAPagedAttentionWrapper:
         passed to the first run()), ``num_threads`` (CPU backend threads, 0 = all cores),
         ``exact_scores`` (CUDA fp8_e4m3: keep the scores off the fp8 tensor cores, whose
         accumulator keeps 13 mantissa bits; 21-29% slower; README "Numerics"),
-        ``max_tile_rows`` (0..64, 0 = 64: rows, heads x query tokens, a tile packs at most;
-        fp8mla::PlanOptions::max_tile_rows).
+        ``max_tile_rows`` (0..64: rows, heads x query tokens, a tile packs at most; 0 = the
+        planner's choice, fp8mla::PlanOptions::max_tile_rows).
 
     Raises ValueError for an unknown backend.
     """

@@ -4,9 +4,9 @@
 // Partition, a deterministic function of (Problem, PlanOptions, resolved sm_count):
 //  * Rows of a tile = q_count x head_count <= kMaxRowsPerTile (64).
 //    Head blocks: H <= 64 gives one block of all H heads, and query tokens are grouped
-//    q_count = min(qo_len, max(1, M / H)) per tile, M = options.max_tile_rows or 64 (the last
-//    q block may be smaller); H > 64 gives blocks of 64 heads (the last one smaller) and
-//    q_count = 1. Sparse mode always has q_count = 1: each token has its own index list.
+//    q_count = min(qo_len, max(1, M / H)) per tile, M = options.max_tile_rows, or when 0 the
+//    planner's choice (resolve_max_tile_rows: 16 or 64; the last q block may be smaller); H > 64
+//    gives blocks of 64 heads (the last one smaller) and q_count = 1. Sparse mode always has q_count = 1: each token has its own index list.
 //  * A group is (request, q block, head block). Its work is the request's length L_r: kv_len[r]
 //    when dense (with causal the last row sees all L_r tokens, so that bounds every row), topk
 //    when sparse (then the kv range is positions [0, topk) of each token's index list).
@@ -91,7 +91,7 @@ void check_options(const PlanOptions& o) {
   require(o.num_threads >= 0, "options.num_threads", o.num_threads,
           " must be >= 0 (0 = hardware_concurrency)");
   require(o.max_tile_rows >= 0 && o.max_tile_rows <= kMaxRowsPerTile, "options.max_tile_rows",
-          o.max_tile_rows, " is outside [0, ", kMaxRowsPerTile, "] (0 = ", kMaxRowsPerTile, ")");
+          o.max_tile_rows, " is outside [0, ", kMaxRowsPerTile, "] (0 = the planner's choice)");
   if (!o.cuda_graph) return;
   require(o.max_batch > 0, "options.max_batch", o.max_batch, " must be > 0 with cuda_graph");
   require(o.max_total_q > 0, "options.max_total_q", o.max_total_q, " must be > 0 with cuda_graph");

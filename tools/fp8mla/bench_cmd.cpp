@@ -270,7 +270,8 @@ int run_bench(std::span<const std::string_view> argv) {
               "cuda: PlanOptions::exact_scores (fp8_e4m3 scores off the fp8 tensor cores)");
   ap.add_int("max-tile-rows", &o.max_tile_rows,
              "cuda: rows (heads x query tokens) a tile packs at most (PlanOptions::max_tile_rows; "
-             "0: 64); 16 puts multi-token rows of <= 16 heads on the <= 16-row kernels",
+             "0: the planner's choice); 16 puts multi-token rows of <= 16 heads on the <= 16-row "
+             "kernels",
              0, kMaxRowsPerTile);
   ap.add_int("cp", &o.cp,
              "cuda: context parallelism instead of the grid: one request (batch 1) decoded with "
