@@ -6,7 +6,8 @@
 //    Head blocks: H <= 64 gives one block of all H heads, and query tokens are grouped
 //    q_count = min(qo_len, max(1, M / H)) per tile, M = options.max_tile_rows, or when 0 the
 //    planner's choice (resolve_max_tile_rows: 16 or 64; the last q block may be smaller); H > 64
-//    gives blocks of 64 heads (the last one smaller) and q_count = 1. Sparse mode always has q_count = 1: each token has its own index list.
+//    gives blocks of 64 heads (the last one smaller) and q_count = 1. Sparse mode always has
+//    q_count = 1: each token has its own index list.
 //  * A group is (request, q block, head block). Its work is the request's length L_r: kv_len[r]
 //    when dense (with causal the last row sees all L_r tokens, so that bounds every row), topk
 //    when sparse (then the kv range is positions [0, topk) of each token's index list).
