@@ -198,9 +198,15 @@ test::ProblemSpec grid_spec(const GridCase& g, std::uint64_t seed) {
 
 class CudaDecodeGrid : public ::testing::TestWithParam<GridCase> {};
 
+// Seed 11 runs the planner's choice of tile rows, seed 12 tiles of up to 64 rows: the planner
+// caps small fp8 multi-token batches of <= 16 heads at 16 rows (mtp2), so 64 keeps their rows
+// covered on the 17-64-row kernel (elsewhere both seeds plan alike).
 TEST_P(CudaDecodeGrid, MatchesReference) {
   SKIP_WITHOUT_GPU();
-  for (std::uint64_t seed : {11u, 12u}) run_case(grid_spec(GetParam(), seed));
+  PlanOptions wide;
+  wide.max_tile_rows = 64;
+  run_case(grid_spec(GetParam(), 11));
+  run_case(grid_spec(GetParam(), 12), wide);
 }
 INSTANTIATE_TEST_SUITE_P(Grid, CudaDecodeGrid, ::testing::ValuesIn(kGrid),
                          [](const ::testing::TestParamInfo<GridCase>& param_info) {
@@ -218,7 +224,8 @@ INSTANTIATE_TEST_SUITE_P(Grid, CudaDecodeGrid, ::testing::ValuesIn(kGrid),
 // non-causal case packs 16 tokens of 4 heads a tile. With options.max_tile_rows = 16 the cases
 // of <= 16 heads run again on the <= 16-row kernels (fp8 and bf16 TMA kernels at pages >= 8,
 // the fragment kernel and the gather instantiation below), their tiles starting at query
-// tokens past 0; the last two rows are MTP's shape (16 heads x 2 tokens).
+// tokens past 0; the last two rows are MTP's shape (16 heads x 2 tokens). The first run of each
+// sets 64 itself: with 0 the planner may cap small fp8 batches at 16 rows (mtp2).
 TEST(CudaDecodeExtend, LongQueryChunksMatchReference) {
   SKIP_WITHOUT_GPU();
   const GridCase cases[] = {
@@ -232,10 +239,11 @@ TEST(CudaDecodeExtend, LongQueryChunksMatchReference) {
       {F8, 16, 64, 4, 2, 2, true, 2, 1500, SP, 1.0f, 1.0f},
       {BF, 16, 1, 4, 2, 2, true, 2, 900, FU, 1.0f, 1.0f},
   };
-  PlanOptions capped;
+  PlanOptions wide, capped;
+  wide.max_tile_rows = 64;
   capped.max_tile_rows = 16;
   for (const GridCase& g : cases) {
-    run_case(grid_spec(g, 21));
+    run_case(grid_spec(g, 21), wide);
     if (g.heads <= 16) run_case(grid_spec(g, 22), capped);
   }
 }
@@ -244,7 +252,9 @@ TEST(CudaDecodeExtend, LongQueryChunksMatchReference) {
 // (shard_context, which sets Problem::causal_len) runs alone on the GPU and matches the CPU
 // reference of the same shard. Short contexts cut shards among a request's last query tokens,
 // so some rows see part of a shard and some none of it (o = 0, lse = -inf). The kernel families
-// of <= 16 rows at pages 1, 2 and 16, and of 17-64 rows (16 heads x 4 tokens; 128 heads).
+// of <= 16 rows at pages 1, 2 and 16, and of 17-64 rows (16 heads x 4 tokens; 128 heads): each
+// shard runs with the planner's choice of tile rows (small fp8 batches capped at 16 rows, mtp2)
+// and with tiles of up to 64 rows.
 TEST(CudaDecodeShards, CausalLenMatchesReference) {
   SKIP_WITHOUT_GPU();
   const struct {
@@ -269,10 +279,14 @@ TEST(CudaDecodeShards, CausalLenMatchesReference) {
       on_host.device = DeviceKind::cpu;
       test::HostOutput ref(c);
       run(plan(on_host, reference_options), c.host_args(ref));
-      DeviceOutput d(c, 64);
-      run(plan(shard.problem), device_args(c, cache, q, d));
-      detail::cuda_synchronize(0);
-      expect_matches(d, ref, what);
+      for (const int rows : {0, 64}) {
+        PlanOptions o;
+        o.max_tile_rows = rows;
+        DeviceOutput d(c, 64);
+        run(plan(shard.problem, o), device_args(c, cache, q, d));
+        detail::cuda_synchronize(0);
+        expect_matches(d, ref, what + ", max_tile_rows " + std::to_string(rows));
+      }
     }
   }
 }
