@@ -307,7 +307,9 @@ int kernel_rows(const Problem& p, const PlanOptions& o) {
 // idle take the extra tiles, and the <= 16-row fp8 kernels run a block faster than the 17-64-row
 // kernel; with longer contexts each capped tile re-reads its pages and the cap costs up to 2x
 // (bench/NOTES.md mtp2). Graph mode decides once, from the capacities (max_kv_indices pages,
-// max_batch x max_qo_len), and replan() keeps it.
+// max_batch x max_qo_len), and replan() keeps it. (The fast <= 16-row kernels also need run()'s
+// kpe_scale / ckv_scale to be a power of two, as one cache scale gives; otherwise the capped
+// tiles run the fp8 fragment kernel.)
 int resolve_max_tile_rows(const Problem& p, const PlanOptions& o, int sm_count) {
   if (o.max_tile_rows > 0) return o.max_tile_rows;
   constexpr int kCap = 16;
