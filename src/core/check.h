@@ -35,6 +35,17 @@ inline std::int32_t narrow_i32(std::int64_t v, const std::string& argument) {
   return static_cast<std::int32_t>(v);
 }
 
+// Causal attention over kv_len tokens: query token i of qo_len sees [0, kv_len - qo_len + i], so
+// qo_len <= kv_len unless kv_len = 0 (those rows get o = 0, lse = -inf). Throws
+// Error(invalid_argument, "name[index]") otherwise.
+inline void require_causal_fits(const char* name, std::int64_t index, std::int64_t kv_len,
+                                std::int64_t qo_len) {
+  if (kv_len > 0 && qo_len > kv_len)
+    throw Error(ErrorCode::invalid_argument, msg(name, "[", index, "]"),
+                msg(kv_len, " is less than qo_len = ", qo_len,
+                    " (causal attention needs qo_len <= kv_len, or kv_len = 0)"));
+}
+
 // A CUDA kernel whose warpgroups move registers with setmaxnreg needs exactly the per-thread
 // register count its split adds up to: with fewer, a warpgroup's raise would wait for registers
 // that never come (a hang). `built` is the compiled count (cudaFuncAttributes::numRegs). Throws

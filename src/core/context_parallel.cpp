@@ -46,10 +46,10 @@ void shard_context(const Problem& full, int rank, int world, ContextShard& shard
     require(len >= 0 && pages <= listed, detail::msg("problem.kv_len[", r, "]"), len,
             " tokens need ", pages, " pages but ", listed, " are listed");
     // plan()'s causal rule for the whole request (a shard's own length may be shorter).
-    const std::int64_t qo = full.qo_indptr[r + 1] - full.qo_indptr[r];
-    require(!full.causal || len == 0 || qo <= len, detail::msg("problem.kv_len[", r, "]"), len,
-            " is less than qo_len = ", qo,
-            " (causal attention needs qo_len <= kv_len, or kv_len = 0)");
+    if (full.causal) {
+      detail::require_causal_fits("problem.kv_len", static_cast<std::int64_t>(r), len,
+                                  full.qo_indptr[r + 1] - full.qo_indptr[r]);
+    }
     const std::int64_t per = (pages + world - 1) / world;
     const std::int64_t first = std::min(pages, rank * per), last = std::min(pages, first + per);
     for (std::int64_t p = first; p < last; ++p)

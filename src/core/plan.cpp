@@ -206,11 +206,8 @@ void check_arrays(const Problem& p, const PlanOptions& o) {
                   p.page_size, " = ", pages * p.page_size, " tokens");
         }
       }
-      const std::int64_t qo_len = p.qo_indptr[r + 1] - p.qo_indptr[r];
-      if (!sparse && p.causal && p.causal_len.empty() && len > 0 && qo_len > len) {
-        fail_at("kv_len", ri, len, " is less than qo_len = ", qo_len,
-                " (causal attention needs qo_len <= kv_len, or kv_len = 0)");
-      }
+      if (!sparse && p.causal && p.causal_len.empty())
+        detail::require_causal_fits("kv_len", ri, len, p.qo_indptr[r + 1] - p.qo_indptr[r]);
     }
   }
 
