@@ -314,24 +314,21 @@ int resolve_max_tile_rows(const Problem& p, const PlanOptions& o, int sm_count) 
   if (p.device != DeviceKind::cuda || p.kv_format != KvFormat::fp8_e4m3 || p.topk > 0 ||
       o.exact_scores || p.num_heads > kCap)
     return kMaxRowsPerTile;
+  // Uncapped, the largest tile has at most 16 rows: the cap changes nothing.
+  if (kernel_rows(p, o) <= kCap) return kMaxRowsPerTile;
   const std::int64_t q_per_tile = kCap / p.num_heads;
-  std::int64_t tiles = 0, longest_qo = 0, tokens = 0;
+  std::int64_t tiles = 0, tokens = 0;
   if (o.cuda_graph) {
-    longest_qo = graph_max_qo_len(o);
-    tiles = std::int64_t{o.max_batch} * ceil_div(longest_qo, q_per_tile);
+    tiles = std::int64_t{o.max_batch} * ceil_div(graph_max_qo_len(o), q_per_tile);
     tokens = o.max_kv_indices * p.page_size;
   } else {
     for (std::size_t r = 0; r + 1 < p.qo_indptr.size(); ++r) {
       const std::int64_t qo = p.qo_indptr[r + 1] - p.qo_indptr[r];
       tiles += ceil_div(qo, q_per_tile);
-      longest_qo = std::max(longest_qo, qo);
       if (qo > 0) tokens += p.kv_len[r];
     }
   }
-  const bool more_rows = longest_qo * p.num_heads > kCap;  // else the cap changes nothing
-  return more_rows && tokens <= kFewTokensPerSm * sm_count && tiles * 4 <= sm_count
-             ? kCap
-             : kMaxRowsPerTile;
+  return tokens <= kFewTokensPerSm * sm_count && tiles * 4 <= sm_count ? kCap : kMaxRowsPerTile;
 }
 
 // s: the problem's fields and kernel_rows set.
