@@ -212,12 +212,17 @@ __device__ __forceinline__ float2 bf16x2_to_float2(std::uint32_t v) {
 // Programmatic dependent launch: the split-KV merge is launched as a dependent of the decode
 // kernel, so its launch overlaps the decode's last wave. Every decode CTA lets it start once all
 // of them are running (launch_dependents); the merge waits for the decode grid to finish and its
-// writes to be visible (wait) before it reads a partial. No-ops without the launch attribute.
+// writes to be visible (wait) before it reads a partial. No-ops without the launch attribute,
+// and compiled to nothing before sm_90 (no PDL there: launches run in stream order).
 __device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
 }
 __device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
 }
 
 // The dynamic shared memory aligned up to 1024 bytes (the swizzle atoms' alignment); kernels

@@ -1,0 +1,623 @@
+// The portable decode family: every KvFormat, tiles of 16, 32 or 64 rows (heads x query tokens),
+// dense page tables of any page size, sparse index lists, split-KV partials, on every GPU from
+// sm_80 to sm_120, written only in instructions they share (cp.async, ldmatrix, mma.sync).
+//
+// One idea: convert the cache's codes where they are multiplied, never into a tile. Each block of
+// 64 / MT tokens is copied raw (cp.async, 16 bytes a thread) into padded rows; S = Q K^T reads the
+// codes from those rows straight into mma B fragments (fp16 from e4m3 codes, bf16 as stored, or
+// e4m3 as stored for fp8 products on sm_89+), and O += P V does the same for V. Q sits in shared
+// memory once per tile (fp16 rows scaled by a power of two, bf16, or two e4m3 terms).
+//
+// Invariants: 8 warps. S: warp (h, pair) multiplies its pair's 16 tokens (two n-tiles) over half
+// of the 576 dims (nope 256 h .. 256 h + 255 and rope 32 h .. 32 h + 31), so each Q read serves
+// two n-tiles; the halves meet through a 4 KB exchange, each warp finishing one n-tile. P V:
+// warp w owns output columns 64 w .. 64 w + 63 of every row. Shared memory <= 99 KB with one
+// stage (config.h); a thread's S token of n-tile column g is g / 2 + 4 (g % 2), which with the
+// row pitches keeps every read bank-conflict free.
+#pragma once
+
+#include <cfloat>
+#include <cstdint>
+
+#include "src/cuda/cuda_util.cuh"
+#include "src/cuda/decode/portable/config.h"
+#include "src/cuda/decode/portable/convert.cuh"
+#include "src/cuda/decode_kernel.cuh"
+#include "src/cuda/decode_params.h"
+
+namespace fp8mla::detail::portable {
+
+// D (16 x 8 fp32) += A (16 x 32 e4m3, the m16n8k32 A fragment) * B (32 x 8 e4m3). sm_89+.
+__device__ __forceinline__ void mma_16832_e4m3(float (&d)[4], const std::uint32_t (&a)[4],
+                                               std::uint32_t b0, std::uint32_t b1) {
+#if defined(__CUDA_ARCH__)
+#if __CUDA_ARCH__ >= 890
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  __trap();
+#endif
+#endif
+}
+
+__device__ __forceinline__ std::uint32_t dynamic_smem_bytes() {
+  std::uint32_t n;
+  asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(n));
+  return n;
+}
+
+__device__ __forceinline__ void words(const uint4 v, std::uint32_t (&w)[4]) {
+  w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+}
+
+// Block `blk`'s copies by this thread: chunks sub, sub + kPerToken, ... of its token `tok`
+// (slot from entry_slot_of; -1 zero-fills the row and flags it 0).
+template <KvFormat F, class C>
+__device__ __forceinline__ void copy_token(const DecodeParams& p, std::int64_t slot,
+                                           std::uint8_t* row, std::uint8_t* flag, int sub) {
+  const decode::TokenAddr a = decode::slot_addr(p, slot);
+  const bool valid = a.ckv != nullptr;
+  constexpr int kCkvChunks = F == KvFormat::fp8_e4m3 ? 32 : F == KvFormat::bf16 ? 64 : 41;
+  if (sub == 0) *flag = valid ? 1 : 0;
+#pragma unroll
+  for (int c = sub; c < C::kChunks; c += C::kPerToken) {
+    const std::uint8_t* src = c < kCkvChunks ? a.ckv + 16 * c : a.kpe + 16 * (c - kCkvChunks);
+    cp_async_16(row + 16 * c, valid ? src : p.ckv, valid);  // p.ckv: mapped, for the zero fill
+  }
+}
+
+// Q rows of the tile into shared memory as the scores multiply them; 2^-e of each row's scale
+// into q_inv. Rows past the tile are zeros. Ends with a barrier.
+template <KvFormat F, int MT, Scores kScores>
+__device__ __forceinline__ void load_q(const DecodeParams& p, const WorkTile& t, int q_first,
+                                       std::uint8_t* smem) {
+  using C = Config<F, MT, kScores>;
+  constexpr int kPerRow = kThreads / C::kRows;  // threads a row: 16, 8, 4
+  const int rows = t.q_count * t.head_count;
+  const int r = threadIdx.x / kPerRow, part = threadIdx.x % kPerRow;
+  const std::int64_t tok = q_first + r / t.head_count, head = t.head_begin + r % t.head_count;
+  const __nv_bfloat16* nope = p.q_nope + tok * p.q_nope_stride[0] + head * p.q_nope_stride[1];
+  const __nv_bfloat16* pe = p.q_pe + tok * p.q_pe_stride[0] + head * p.q_pe_stride[1];
+  auto chunk = [&](int c) {  // 8 bf16 dims: nope chunks 0..63, rope 64..71
+    return r < rows ? *reinterpret_cast<const uint4*>(c < 64 ? nope + 8 * c : pe + 8 * (c - 64))
+                    : make_uint4(0, 0, 0, 0);
+  };
+  // The row's scale 2^e: fp16 products put max |q| in [2^14, 2^15), e4m3 terms in [2^7, 2^8);
+  // the block format scales its nope dims only (its rope multiplies bf16 by bf16).
+  int e = 0;
+  if constexpr (F != KvFormat::bf16) {
+    constexpr int kScaled = F == KvFormat::fp8_e4m3_block ? 64 : 72;
+    std::uint32_t m = 0;
+    for (int c = part; c < kScaled; c += kPerRow) m = max(m, decode::abs_max_bits(chunk(c)));
+#pragma unroll
+    for (int x = kPerRow / 2; x >= 1; x /= 2) m = max(m, __shfl_xor_sync(0xffffffffu, m, x));
+    e = decode::q_row_exponent(__uint_as_float(m)) - (kScores == Scores::e4m3 ? 7 : 0);
+  }
+  const float scale = __int_as_float((127 + e) << 23);
+  std::uint8_t* row = smem + C::kQ + r * C::kQPitch;
+  for (int c = part; c < 72; c += kPerRow) {
+    const uint4 v = chunk(c);
+    std::uint32_t w[4];
+    words(v, w);
+    if constexpr (kScores == Scores::e4m3) {
+      // q = hi + lo / 16 with hi = e4m3(q), lo = e4m3(16 (q - hi)): exact for |q| >= 2^-6 after
+      // the row scale (|q - hi| is at most 8 units of q's last place).
+      std::uint32_t hi[2], lo[2];
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        std::uint16_t h2[2], l2[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const float2 f = bf16x2_to_float2(w[2 * k + i]);
+          const float2 q = make_float2(f.x * scale, f.y * scale);
+          h2[i] = __nv_cvt_float2_to_fp8x2(q, __NV_SATFINITE, __NV_E4M3);
+          const float2 hf = fp8x2_to_float2(h2[i]);
+          l2[i] = __nv_cvt_float2_to_fp8x2(make_float2(16.0f * (q.x - hf.x), 16.0f * (q.y - hf.y)),
+                                           __NV_SATFINITE, __NV_E4M3);
+        }
+        hi[k] = h2[0] | static_cast<std::uint32_t>(h2[1]) << 16;
+        lo[k] = l2[0] | static_cast<std::uint32_t>(l2[1]) << 16;
+      }
+      *reinterpret_cast<uint2*>(row + 8 * c) = make_uint2(hi[0], hi[1]);
+      *reinterpret_cast<uint2*>(row + C::kRows * C::kQPitch + 8 * c) = make_uint2(lo[0], lo[1]);
+    } else if (F == KvFormat::bf16 || (F == KvFormat::fp8_e4m3_block && c >= 64)) {
+      *reinterpret_cast<uint4*>(row + 16 * c) = v;
+    } else {
+      *reinterpret_cast<uint4*>(row + 16 * c) =
+          make_uint4(decode::scale_to_half2(w[0], scale), decode::scale_to_half2(w[1], scale),
+                     decode::scale_to_half2(w[2], scale), decode::scale_to_half2(w[3], scale));
+    }
+  }
+  if (part == 0) reinterpret_cast<float*>(smem + C::kQInv)[r] = __int_as_float((127 - e) << 23);
+  __syncthreads();
+}
+
+// This warp's partial scores for its half of the dims: sp[n][i] for n-tile n of its pair
+// (fragment (row, column) as mma's D; column 2 tq + k is token tq + 4 k of the n-tile), already
+// multiplied by the scales, so the two halves add.
+template <KvFormat F, int MT, Scores kScores>
+__device__ __forceinline__ void half_scores(const DecodeParams& p, const std::uint8_t* smem,
+                                            const std::uint8_t* raw, int h, int tg, int rg,
+                                            int tq, const float (&q_inv)[2], float (&sp)[2][4]) {
+  using C = Config<F, MT, kScores>;
+  const int g = (threadIdx.x % 32) / 4;
+  const int k_tok = g / 2 + 4 * (g % 2);
+  const std::uint8_t* krow[2] = {raw + (16 * tg + k_tok) * C::kPitch,
+                                 raw + (16 * tg + 8 + k_tok) * C::kPitch};
+  const std::uint8_t* qa = smem + C::kQ + rg * C::kQPitch;  // rows rg and rg + 8
+  const std::uint8_t* qb = qa + 8 * C::kQPitch;
+  float nope[2][2][4] = {}, pe[2][4] = {};  // [n-tile][chain or 128-dim block]
+  if constexpr (kScores == Scores::e4m3) {
+    // Q's hi and lo terms multiply the same codes; s = S_hi + S_lo / 16.
+    constexpr int kLo = C::kRows * C::kQPitch;
+    float pe_lo[2][4] = {};
+#pragma unroll
+    for (int G = 0; G < 5; ++G) {  // four 64-dim nope groups, then the rope's 32 dims
+      const int d0 = G < 4 ? 256 * h + 64 * G + 16 * tq : 512 + 32 * h + 8 * tq;
+      const int steps = G < 4 ? 2 : 1;
+      std::uint32_t ha[4], hb[4], la[4], lb[4], k[2][4];
+      if (G < 4) {
+        words(*reinterpret_cast<const uint4*>(qa + d0), ha);
+        words(*reinterpret_cast<const uint4*>(qb + d0), hb);
+        words(*reinterpret_cast<const uint4*>(qa + kLo + d0), la);
+        words(*reinterpret_cast<const uint4*>(qb + kLo + d0), lb);
+#pragma unroll
+        for (int n = 0; n < 2; ++n) words(*reinterpret_cast<const uint4*>(krow[n] + d0), k[n]);
+      } else {
+        const uint2 a2 = *reinterpret_cast<const uint2*>(qa + d0);
+        const uint2 b2 = *reinterpret_cast<const uint2*>(qb + d0);
+        const uint2 la2 = *reinterpret_cast<const uint2*>(qa + kLo + d0);
+        const uint2 lb2 = *reinterpret_cast<const uint2*>(qb + kLo + d0);
+        ha[0] = a2.x, ha[1] = a2.y, hb[0] = b2.x, hb[1] = b2.y;
+        la[0] = la2.x, la[1] = la2.y, lb[0] = lb2.x, lb[1] = lb2.y;
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+          const uint2 k2 = *reinterpret_cast<const uint2*>(krow[n] + d0);
+          k[n][0] = k2.x, k[n][1] = k2.y;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < steps; ++j) {
+        const std::uint32_t ah[4] = {ha[2 * j], hb[2 * j], ha[2 * j + 1], hb[2 * j + 1]};
+        const std::uint32_t al[4] = {la[2 * j], lb[2 * j], la[2 * j + 1], lb[2 * j + 1]};
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+          float(&hi)[4] = G < 4 ? nope[n][0] : pe[n];
+          float(&lo)[4] = G < 4 ? nope[n][1] : pe_lo[n];
+          mma_16832_e4m3(hi, ah, k[n][2 * j], k[n][2 * j + 1]);
+          mma_16832_e4m3(lo, al, k[n][2 * j], k[n][2 * j + 1]);
+        }
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        sp[n][i] = ((nope[n][0][i] + 0.0625f * nope[n][1][i]) * p.scale_nope +
+                    (pe[n][i] + 0.0625f * pe_lo[n][i]) * p.scale_pe) *
+                   q_inv[i / 2];
+  } else if constexpr (F == KvFormat::bf16) {
+    // bf16 codes as stored: 16 bytes are 8 dims, two k-steps.
+#pragma unroll
+    for (int G = 0; G < 9; ++G) {  // eight 32-dim nope groups, then the rope's 32 dims
+      const int d0 = G < 8 ? 256 * h + 32 * G + 8 * tq : 512 + 32 * h + 8 * tq;
+      std::uint32_t a[4], b[4], k[2][4];
+      words(*reinterpret_cast<const uint4*>(qa + 2 * d0), a);
+      words(*reinterpret_cast<const uint4*>(qb + 2 * d0), b);
+#pragma unroll
+      for (int n = 0; n < 2; ++n) words(*reinterpret_cast<const uint4*>(krow[n] + 2 * d0), k[n]);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const std::uint32_t af[4] = {a[2 * j], b[2 * j], a[2 * j + 1], b[2 * j + 1]};
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+          mma_16816<true>(G < 8 ? nope[n][G % 2] : pe[n], af, k[n][2 * j], k[n][2 * j + 1]);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        sp[n][i] = (nope[n][0][i] + nope[n][1][i]) * p.scale_nope + pe[n][i] * p.scale_pe;
+  } else {
+    // e4m3 codes -> fp16 B fragments: 16 bytes are 16 dims, four k-steps. fp8_e4m3: two chains;
+    // the block format: one accumulator per 128-dim block (its scale differs per token).
+#pragma unroll
+    for (int G = 0; G < 4; ++G) {
+      const int d0 = 256 * h + 64 * G + 16 * tq;
+      // Q: 16 fp16 dims of rows rg and rg + 8 (32 bytes each).
+      const uint4 a0 = *reinterpret_cast<const uint4*>(qa + 2 * d0);
+      const uint4 a1 = *reinterpret_cast<const uint4*>(qa + 2 * d0 + 16);
+      const uint4 b0v = *reinterpret_cast<const uint4*>(qb + 2 * d0);
+      const uint4 b1v = *reinterpret_cast<const uint4*>(qb + 2 * d0 + 16);
+      const std::uint32_t a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+      const std::uint32_t b[8] = {b0v.x, b0v.y, b0v.z, b0v.w, b1v.x, b1v.y, b1v.z, b1v.w};
+      std::uint32_t k[2][4];
+#pragma unroll
+      for (int n = 0; n < 2; ++n) words(*reinterpret_cast<const uint4*>(krow[n] + d0), k[n]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const std::uint32_t af[4] = {a[2 * j], b[2 * j], a[2 * j + 1], b[2 * j + 1]};
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+          std::uint32_t b0, b1;
+          e4m3x4_to_half2x2(k[n][j], b0, b1);
+          mma_16816<false>(nope[n][F == KvFormat::fp8_e4m3 ? j % 2 : G / 2], af, b0, b1);
+        }
+      }
+    }
+    if constexpr (F == KvFormat::fp8_e4m3) {
+      // Rope: 8 codes (two k-steps) at 512 + 32 h + 8 tq; Q's rope in fp16 like its nope.
+      const int d0 = 512 + 32 * h + 8 * tq;
+      std::uint32_t a[4], b[4];
+      words(*reinterpret_cast<const uint4*>(qa + 2 * d0), a);
+      words(*reinterpret_cast<const uint4*>(qb + 2 * d0), b);
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        const uint2 k2 = *reinterpret_cast<const uint2*>(krow[n] + d0);
+        const std::uint32_t k[2] = {k2.x, k2.y};
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const std::uint32_t af[4] = {a[2 * j], b[2 * j], a[2 * j + 1], b[2 * j + 1]};
+          std::uint32_t b0, b1;
+          e4m3x4_to_half2x2(k[j], b0, b1);
+          mma_16816<false>(pe[n], af, b0, b1);
+        }
+      }
+      const float sn = p.scale_nope * code_scale(), se = p.scale_pe * code_scale();
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          sp[n][i] = ((nope[n][0][i] + nope[n][1][i]) * sn + pe[n][i] * se) * q_inv[i / 2];
+    } else {
+      // Block format rope: 8 bf16 dims at byte 528 + 64 h + 16 tq; Q's rope is bf16 (unscaled).
+      const int b0ff = 528 + 64 * h + 16 * tq;
+      std::uint32_t a[4], b[4];
+      words(*reinterpret_cast<const uint4*>(qa + 1024 + 64 * h + 16 * tq), a);
+      words(*reinterpret_cast<const uint4*>(qb + 1024 + 64 * h + 16 * tq), b);
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        std::uint32_t k[4];
+        words(*reinterpret_cast<const uint4*>(krow[n] + b0ff), k);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const std::uint32_t af[4] = {a[2 * j], b[2 * j], a[2 * j + 1], b[2 * j + 1]};
+          mma_16816<true>(pe[n], af, k[2 * j], k[2 * j + 1]);
+        }
+      }
+      // Each token's scales of blocks 2 h and 2 h + 1 (columns 2 tq, 2 tq + 1: tokens tq, tq + 4).
+      const float sn = p.scale_nope * code_scale();
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          const float* sc = reinterpret_cast<const float*>(
+              raw + (16 * tg + 8 * n + tq + 4 * k) * C::kPitch + 512 + 8 * h);
+          const float s0 = sc[0] * sn, s1 = sc[1] * sn;
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int i = 2 * r + k;
+            sp[n][i] = (nope[n][0][i] * s0 + nope[n][1][i] * s1) * q_inv[r] + pe[n][i] * p.scale_pe;
+          }
+        }
+    }
+  }
+}
+
+// V's B fragments for 16 tokens (tk = 16 kk + 2 tq, + 1, + 8, + 9) of this thread's 8 columns
+// 64 warp + 8 g + n (one per n-tile): byte permutes pair two tokens' codes of a column.
+__device__ __forceinline__ void v_fragments(const std::uint8_t* v_col, int pitch, int tk,
+                                            std::uint32_t (&b0)[8], std::uint32_t (&b1)[8]) {
+  const uint2 v0 = *reinterpret_cast<const uint2*>(v_col + tk * pitch);
+  const uint2 v1 = *reinterpret_cast<const uint2*>(v_col + (tk + 1) * pitch);
+  const uint2 v8 = *reinterpret_cast<const uint2*>(v_col + (tk + 8) * pitch);
+  const uint2 v9 = *reinterpret_cast<const uint2*>(v_col + (tk + 9) * pitch);
+  e4m3x4_to_half2x2(__byte_perm(v0.x, v1.x, 0x5140), b0[0], b0[1]);
+  e4m3x4_to_half2x2(__byte_perm(v0.x, v1.x, 0x7362), b0[2], b0[3]);
+  e4m3x4_to_half2x2(__byte_perm(v0.y, v1.y, 0x5140), b0[4], b0[5]);
+  e4m3x4_to_half2x2(__byte_perm(v0.y, v1.y, 0x7362), b0[6], b0[7]);
+  e4m3x4_to_half2x2(__byte_perm(v8.x, v9.x, 0x5140), b1[0], b1[1]);
+  e4m3x4_to_half2x2(__byte_perm(v8.x, v9.x, 0x7362), b1[2], b1[3]);
+  e4m3x4_to_half2x2(__byte_perm(v8.y, v9.y, 0x5140), b1[4], b1[5]);
+  e4m3x4_to_half2x2(__byte_perm(v8.y, v9.y, 0x7362), b1[6], b1[7]);
+}
+
+// Writes row r (= 16 m + g + 8 h) of a finished tile from its P V fragments o: bf16 out and lse,
+// or the split's fp32 partial row and lse. kPermuted (codes' V fragments): n-tile n, fragment
+// column j is column 64 warp + 8 j + n, so the thread holds columns 64 warp + 16 tq + [0, 16);
+// else (ldmatrix.trans) column 64 warp + 8 n + j.
+template <bool kPermuted>
+__device__ __forceinline__ void write_row(const DecodeParams& p, const WorkTile& t,
+                                          const DeviceTile& tile, int warp, int tq, int h, int r,
+                                          const float (&o)[8][4], decode::RowEnd end) {
+  const float inv = end.inv;
+  const int tr = r / t.head_count;
+  const std::int64_t head = t.head_begin + r % t.head_count;
+  const std::int64_t token = tile.q_first + tr;
+  auto col = [&](int n, int k) {  // column of fragment value (n-tile n, k = 0 / 1)
+    return kPermuted ? 64 * warp + 16 * tq + 8 * k + n : 64 * warp + 8 * n + 2 * tq + k;
+  };
+  if (t.split < 0) {
+    __nv_bfloat16* dst = p.out + token * p.out_stride[0] + head * p.out_stride[1];
+#pragma unroll
+    for (int n = 0; n < 8; n += kPermuted ? 2 : 1) {
+      if constexpr (kPermuted) {
+#pragma unroll
+        for (int k = 0; k < 2; ++k)
+          *reinterpret_cast<__nv_bfloat162*>(dst + col(n, k)) =
+              __floats2bfloat162_rn(o[n][2 * h + k] * inv, o[n + 1][2 * h + k] * inv);
+      } else {
+        *reinterpret_cast<__nv_bfloat162*>(dst + col(n, 0)) =
+            __floats2bfloat162_rn(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
+      }
+    }
+    if (p.lse != nullptr && warp == 0 && tq == 0)
+      p.lse[token * p.lse_stride[0] + head * p.lse_stride[1]] = end.lse;
+  } else {
+    const std::int64_t prow = decode::partial_row(p, t, tile.qo_len, tr, head);
+    float* dst = p.partial_o + prow * 512;
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int k = 0; k < 2; ++k) dst[col(n, k)] = o[n][2 * h + k] * inv;
+    if (warp == 0 && tq == 0) p.partial_lse[prow] = end.lse;
+  }
+}
+
+template <KvFormat F, int MT, Scores kScores>
+__global__ void __launch_bounds__(kThreads, Config<F, MT, kScores>::kMinBlocks)
+    portable_decode_kernel(const DecodeParams p) {
+  using C = Config<F, MT, kScores>;
+  constexpr int kBlockN = C::kBlockN;
+  if constexpr (kScores == Scores::e4m3) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+    __trap();  // the launcher never picks fp8 products below sm_89
+#endif
+  }
+  DeviceTile tile;
+  if (!decode::load_tile(p, tile)) return;
+  decode::begin_after_previous_kernel();
+  extern __shared__ __align__(16) std::uint8_t smem[];
+  const int stages = dynamic_smem_bytes() >= static_cast<std::uint32_t>(C::bytes(2)) ? 2 : 1;
+  const WorkTile t = tile.tile;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+  const int rows = t.q_count * t.head_count;
+  const int n_blocks = (t.kv_end - t.kv_begin + kBlockN - 1) / kBlockN;
+
+  // ---- copies: thread c_sub of its token c_tok; page-table entries read a block ahead ----
+  const int c_tok = threadIdx.x / C::kPerToken, c_sub = threadIdx.x % C::kPerToken;
+  std::int32_t next_entry =
+      decode::token_entry_of<kBlockN>(p, t, tile.q_first, tile.kv_base, 0, c_tok);
+  auto issue = [&](int blk) {
+    const int stage = blk % stages;
+    const std::int64_t slot = decode::entry_slot_of<kBlockN>(p, t, blk, next_entry, c_tok);
+    next_entry = decode::token_entry_of<kBlockN>(p, t, tile.q_first, tile.kv_base, blk + 1, c_tok);
+    copy_token<F, C>(p, slot, smem + C::kStages0 + stage * C::kStageBytes + c_tok * C::kPitch,
+                     smem + C::kFlags + stage * kBlockN + c_tok, c_sub);
+  };
+  if (n_blocks > 0) issue(0);
+  cp_async_commit();
+  load_q<F, MT, kScores>(p, t, tile.q_first, smem);
+
+  // ---- roles: S warp (h, pair) -> m-tile mi, token group tg; it finishes n-tile 2 tg + h ----
+  const int h = warp / 4, pair = warp % 4;
+  const int mi = pair / C::kGroups, tg = pair % C::kGroups;
+  const int slot_of_warp = h * C::kGroups + tg;  // its index among the m-tile's sharers
+  const int rg = 16 * mi + g;                     // its S rows rg, rg + 8
+  const int nt = 2 * tg + h;
+  const int tok_a = 8 * nt + tq, tok_b = tok_a + 4;  // the tokens of its S columns
+  const float* q_inv_s = reinterpret_cast<const float*>(smem + C::kQInv);
+  const float q_inv[2] = {q_inv_s[rg], q_inv_s[rg + 8]};
+  const int limit[2] = {decode::row_limit(p, t, rg, tile.kv_len, tile.qo_len),
+                        decode::row_limit(p, t, rg + 8, tile.kv_len, tile.qo_len)};
+
+  float row_max[MT][2], o[MT][8][4];
+  float row_sum[2] = {0.0f, 0.0f};  // the S rows, this thread's tokens only
+  float vmax = 0.0f;                // block format: the largest |scale| of this warp's columns
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
+    row_max[m][0] = row_max[m][1] = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < 8; ++n) o[m][n][0] = o[m][n][1] = o[m][n][2] = o[m][n][3] = 0.0f;
+  }
+  float* red_max = reinterpret_cast<float*>(smem + C::kRedMax);
+  float* red_sum = reinterpret_cast<float*>(smem + C::kRedSum);
+  float4* xch = reinterpret_cast<float4*>(smem + C::kPX);
+  std::uint8_t* p_s = smem + C::kPX;
+
+  for (int blk = 0; blk < n_blocks; ++blk) {
+    const int stage = blk % stages;
+    if (stages == 2) {
+      if (blk + 1 < n_blocks) issue(blk + 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // block blk landed for every thread
+    const std::uint8_t* raw = smem + C::kStages0 + stage * C::kStageBytes;
+    const std::uint8_t* flags = smem + C::kFlags + stage * kBlockN;
+
+    // ---- S: this warp's half of the dims for its pair's two n-tiles; halves meet ----
+    float sp[2][4];
+    half_scores<F, MT, kScores>(p, smem, raw, h, tg, rg, tq, q_inv, sp);
+    xch[(pair * 2 + 1 - h) * 32 + lane] =
+        h == 0 ? make_float4(sp[1][0], sp[1][1], sp[1][2], sp[1][3])
+               : make_float4(sp[0][0], sp[0][1], sp[0][2], sp[0][3]);
+    __syncthreads();
+    const float4 other = xch[(pair * 2 + h) * 32 + lane];
+    const int j0 = t.kv_begin + blk * kBlockN;
+    const bool ok_tok[2] = {flags[tok_a] != 0, flags[tok_b] != 0};
+    const float oth[4] = {other.x, other.y, other.z, other.w};
+    float s[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int k = i % 2;
+      const bool ok = ok_tok[k] && j0 + (k ? tok_b : tok_a) <= limit[i / 2];
+      s[i] = ok ? (h == 0 ? sp[0][i] : sp[1][i]) + oth[i] : -INFINITY;
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = fmaxf(s[2 * r], s[2 * r + 1]);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      if (tq == 0) red_max[(rg + 8 * r) * C::kSharers + slot_of_warp] = mx;
+    }
+    __syncthreads();  // red_max complete; the exchange is read (P reuses its memory)
+
+    // ---- online softmax: new row maxima for every row this thread multiplies ----
+    float alpha[MT][2], base_s[2] = {0.0f, 0.0f}, alpha_s[2] = {1.0f, 1.0f};
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float* red = red_max + (16 * m + g + 8 * r) * C::kSharers;
+        float mx = row_max[m][r];
+#pragma unroll
+        for (int sl = 0; sl < C::kSharers; ++sl) mx = fmaxf(mx, red[sl]);
+        const float base = mx == -INFINITY ? 0.0f : mx;  // rows with nothing visible yet
+        alpha[m][r] = fast_exp2(row_max[m][r] - base);
+        row_max[m][r] = mx;
+        if (m == mi) base_s[r] = base, alpha_s[r] = alpha[m][r];
+      }
+    // P of the S rows' tokens, and their running sums.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = rg + 8 * r;
+      const float pa = fast_exp2(s[2 * r] - base_s[r]), pb = fast_exp2(s[2 * r + 1] - base_s[r]);
+      float sum;
+      if constexpr (C::kPElem == 4) {
+        float* pr = reinterpret_cast<float*>(p_s + row * C::kPPitch);
+        pr[tok_a] = pa, pr[tok_b] = pb;
+        sum = pa + pb;
+      } else if constexpr (F == KvFormat::bf16) {
+        const __nv_bfloat16 ra = __float2bfloat16_rn(pa), rb = __float2bfloat16_rn(pb);
+        __nv_bfloat16* pr = reinterpret_cast<__nv_bfloat16*>(p_s + row * C::kPPitch);
+        pr[tok_a] = ra, pr[tok_b] = rb;
+        sum = __bfloat162float(ra) + __bfloat162float(rb);  // what the tensor cores multiply
+      } else {
+        const __half ra = __float2half_rn(pa), rb = __float2half_rn(pb);
+        __half* pr = reinterpret_cast<__half*>(p_s + row * C::kPPitch);
+        pr[tok_a] = ra, pr[tok_b] = rb;
+        sum = __half2float(ra) + __half2float(rb);
+      }
+      row_sum[r] = row_sum[r] * alpha_s[r] + sum;
+    }
+    // Block format: this warp's columns lie in 128-column block warp / 2; P is scaled by each
+    // token's scale of that block over the largest seen (vmax), and O kept in units of vmax.
+    float v_ratio = 1.0f;
+    if constexpr (F == KvFormat::fp8_e4m3_block) {
+      float vm = 0.0f;
+      for (int k = lane; k < kBlockN; k += 32)
+        vm = fmaxf(vm, fabsf(*reinterpret_cast<const float*>(raw + k * C::kPitch + 512 +
+                                                            4 * (warp / 2))));
+#pragma unroll
+      for (int x = 16; x >= 1; x /= 2) vm = fmaxf(vm, __shfl_xor_sync(0xffffffffu, vm, x));
+      if (vm > vmax) {
+        v_ratio = vmax / vm;
+        vmax = vm;
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float a = alpha[m][r] * v_ratio;
+        if (__any_sync(0xffffffffu, a != 1.0f)) {
+#pragma unroll
+          for (int n = 0; n < 8; ++n) o[m][n][2 * r] *= a, o[m][n][2 * r + 1] *= a;
+        }
+      }
+    __syncthreads();  // P complete
+
+    // ---- O += P V: columns 64 warp + [0, 64) of every row ----
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      if constexpr (F == KvFormat::bf16) {
+        std::uint32_t a[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+          ldmatrix_x4(a[m], p_s + (16 * m + lane % 16) * C::kPPitch + 2 * (16 * kk + (lane / 16) * 8));
+        const int v_tok = 16 * kk + lane % 8 + ((lane / 8) % 2) * 8;
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          std::uint32_t b[4];
+          ldmatrix_x4_trans(b, raw + v_tok * C::kPitch + 2 * (64 * warp + 16 * np + (lane / 16) * 8));
+#pragma unroll
+          for (int m = 0; m < MT; ++m) {
+            mma_16816<true>(o[m][2 * np], a[m], b[0], b[1]);
+            mma_16816<true>(o[m][2 * np + 1], a[m], b[2], b[3]);
+          }
+        }
+      } else {
+        const int tk = 16 * kk + 2 * tq;
+        std::uint32_t b0[8], b1[8];
+        v_fragments(raw + 64 * warp + 8 * g, C::kPitch, tk, b0, b1);
+        // Block format: P times each token's scale of this warp's block, over vmax (fp16 in
+        // [-1, 1]); ratio[k] for tokens tk, tk + 1, tk + 8, tk + 9.
+        float ratio[4] = {};
+        if constexpr (F == KvFormat::fp8_e4m3_block) {
+          const float inv = vmax > 0.0f ? 1.0f / vmax : 0.0f;
+#pragma unroll
+          for (int k = 0; k < 4; ++k)
+            ratio[k] = *reinterpret_cast<const float*>(raw + (tk + k % 2 + 8 * (k / 2)) * C::kPitch +
+                                                       512 + 4 * (warp / 2)) *
+                       inv;
+        }
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          std::uint32_t a[4];
+          if constexpr (F == KvFormat::fp8_e4m3) {
+            ldmatrix_x4(a, p_s + (16 * m + lane % 16) * C::kPPitch + 2 * (16 * kk + (lane / 16) * 8));
+          } else {
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {  // a0: row g, tokens tk, tk+1; a1: row g+8; a2, a3: tk+8
+              const float2 pv = *reinterpret_cast<const float2*>(
+                  p_s + (16 * m + g + 8 * (q % 2)) * C::kPPitch + 4 * (tk + 8 * (q / 2)));
+              a[q] = float2_to_half2(pv.x * ratio[2 * (q / 2)], pv.y * ratio[2 * (q / 2) + 1]);
+            }
+          }
+#pragma unroll
+          for (int n = 0; n < 8; ++n) mma_16816<false>(o[m][n], a, b0[n], b1[n]);
+        }
+      }
+    }
+    __syncthreads();  // the stage and P are rewritten next
+    if (stages == 1 && blk + 1 < n_blocks) {
+      issue(blk + 1);
+      cp_async_commit();
+    }
+  }
+  cp_async_wait<0>();
+
+  // ---- epilogue: row sums over the quad and the m-tile's sharers, then o / l and lse ----
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = row_sum[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    if (tq == 0) red_sum[(rg + 8 * r) * C::kSharers + slot_of_warp] = sum;
+  }
+  __syncthreads();
+  float out_scale = p.out_scale;
+  if constexpr (F != KvFormat::bf16) out_scale *= code_scale();
+  if constexpr (F == KvFormat::fp8_e4m3_block) out_scale *= vmax;
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = 16 * m + g + 8 * r;
+      if (row >= rows) continue;
+      float l = 0.0f;
+#pragma unroll
+      for (int sl = 0; sl < C::kSharers; ++sl) l += red_sum[row * C::kSharers + sl];
+      write_row<F != KvFormat::bf16>(p, t, tile, warp, tq, r, row, o[m],
+                                     decode::finish_row(row_max[m][r], l, out_scale));
+    }
+}
+
+}  // namespace fp8mla::detail::portable
