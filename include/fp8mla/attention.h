@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "fp8mla/cache.h"
@@ -70,6 +71,29 @@ struct Problem {
   int device_id = 0;
 };
 
+// The kernel family that computes a plan. plan() chooses it once from one table
+// (src/core/dispatch.h: device and compute capability, format, rows a tile, dense or sparse,
+// page size, kpe_scale / ckv_scale ratio, exact scores, tile length), partitions the work for
+// it, records it (Plan::kernel_family(), Plan::kernel_name()), and every run() of the plan
+// launches it. PlanOptions::kernel_family forces one.
+enum class KernelFamily : std::uint8_t {
+  automatic,      // PlanOptions: the table chooses ("auto")
+  cpu_fast,       // CPU: threaded float32 tiles
+  cpu_reference,  // CPU: the float64 reference (PlanOptions::cpu_reference chooses it too)
+  shared_tile,    // CUDA: bf16 tile in shared memory, mma.sync (block format, sparse bf16)
+  fp8_exact,      // CUDA: fp8_e4m3 <= 16 rows, fp16 products (exact_scores, sparse, any ratio)
+  fp8_tma,        // CUDA: fp8_e4m3 <= 16 rows, fp8 tensor cores, tensor-map copies (pages >= 8)
+  fp8_gather,     // CUDA: fp8_e4m3 <= 16 rows, fp8 tensor cores, per-token copies (pages < 8)
+  bf16_tma,       // CUDA: bf16 <= 16 rows, tensor-map copies
+  bf16_gather,    // CUDA: bf16 <= 16 rows, per-token copies
+  wide_rows,      // CUDA: fp8_e4m3 and bf16 17-64 rows, warp-specialized wgmma
+  bf16_wide_rows,  // CUDA: bf16 17-64 rows on pages of >= 64 tokens
+};
+// "auto", "cpu_fast", ..., "bf16_wide_rows" (the enumerators' names).
+const char* kernel_family_name(KernelFamily f);
+// Inverse of kernel_family_name; Error(invalid_argument) listing the names otherwise.
+KernelFamily parse_kernel_family(std::string_view name);
+
 struct PlanOptions {
   // Parallel units of the target: 0 = ask the CUDA device (its SM count) or, on the CPU, the
   // number of threads. The partition depends only on the Problem and these options, so equal
@@ -81,23 +105,29 @@ struct PlanOptions {
   int min_chunk_tokens = 64;   // never split a request's context finer than this
   int num_threads = 0;         // CPU backend threads; 0 = std::thread::hardware_concurrency()
   bool cpu_reference = false;  // CPU: run the float64 reference instead of the fast path
-  // CUDA, fp8_e4m3 caches, dense tiles of <= 16 rows (any page size): false (default) computes
-  // the scores on fp8 tensor cores straight from the cache bytes, the fastest path; Hopper's fp8
-  // accumulator keeps 13 mantissa bits, so scores carry ~2e-4 of their magnitude (output
-  // ~1e-3 relative at scores ~50; README "Numerics"). true converts K to fp16 first (exact
-  // products, fp32 sums: ~1e-6), 21-29% slower where the cache read bounds the time.
+  // CUDA, fp8_e4m3 caches, dense tiles of <= 16 rows: false (default) computes the scores on fp8
+  // tensor cores straight from the cache bytes, the fastest path; Hopper's fp8 accumulator keeps
+  // 13 mantissa bits, so scores carry ~2e-4 of their magnitude (output ~1e-3 relative at scores
+  // ~50; README "Numerics"). true converts K to fp16 first (exact products, fp32 sums: ~1e-6).
   bool exact_scores = false;
   // Rows (query tokens x heads) a tile packs at most, in [0, kMaxRowsPerTile]. A smaller cap cuts
   // multi-token requests (MTP / speculative verify) into more tiles of fewer query tokens, each
   // reading the request's pages (mostly from L2 when they run side by side), so that their rows
-  // run on the kernel for <= 16 rows: on CUDA with fp8_e4m3 that one computes the scores on fp8
-  // tensor cores. A tile keeps at least one query token, so with more heads than the cap it holds
-  // one token of up to 64 heads. 0 = the planner's choice: 16 on CUDA for a dense fp8_e4m3 batch
-  // of <= 16 heads (exact_scores false) too small to fill the GPU (<= 128 kv tokens an SM in
-  // all, 16-row tiles <= a quarter of the SMs; graph mode: judged once from max_kv_indices x
-  // page_size, max_batch and max_qo_len), else 64; where it caps, 1-4 requests of 2-4 tokens ran
-  // 1.1-1.6x faster on an H200, and past it the cap cost up to 2x (bench/NOTES.md mtp2).
+  // run on a kernel family for <= 16 rows. A tile keeps at least one query token, so with more
+  // heads than the cap it holds one token of up to 64 heads. 0 = the planner's choice
+  // (src/core/dispatch.h, choose_max_tile_rows): 16 where the <= 16-row family computes scores
+  // on fp8 tensor cores and the batch is too small to fill the GPU, else 64.
   int max_tile_rows = 0;
+  // fp8_e4m3 caches on CUDA: the kpe_scale / ckv_scale ratio run() may pass (KvCacheView).
+  // false (default): a power of two (one cache scale, as PagedLatentCache and SGLang's pools
+  // keep, gives 1), which the fastest <= 16-row families fold exactly into q_pe; run() checks it
+  // and throws invalid_argument naming kv.kpe_scale otherwise. true: any ratio; plan() then
+  // chooses families that take any (fp8_exact for <= 16 rows).
+  bool any_scale_ratio = false;
+  // The kernel family to run: automatic (default) lets the dispatch table choose; another value
+  // forces that family, and plan() throws invalid_argument naming options.kernel_family when it
+  // cannot serve the problem (format, rows, page size, device, scale ratio, exact scores).
+  KernelFamily kernel_family = KernelFamily::automatic;
   // CUDA graphs: device buffers get fixed capacities (max_* below, all > 0), so replan() can
   // rewrite them in place and a captured run() stays valid.
   bool cuda_graph = false;
@@ -145,6 +175,10 @@ class Plan {
   // Splits per request (1 = not split) and the number of partial (o, lse) rows in the workspace.
   std::span<const std::int32_t> num_splits() const;
   std::int64_t partial_rows() const;
+  // The kernel family every run() of this plan launches (decided by plan(), kept by replan()),
+  // and its name (kernel_family_name).
+  KernelFamily kernel_family() const;
+  const char* kernel_name() const;
 
   detail::PlanState& state() const;  // for the backends
 
@@ -187,9 +221,11 @@ struct RunArgs {
   void* stream = nullptr;  // cudaStream_t for CUDA plans
 };
 
-// Computes attention for the planned batch. Checks (host side, cheap) that every tensor's
-// dtype, shape, innermost stride and device match the plan and the cache view ("plan/run
-// mismatch" errors name the tensor and both values). A plan's workspace is used by one run at
+// Computes attention for the planned batch with the plan's kernel family. Checks (host side,
+// cheap) that every tensor's dtype, shape, innermost stride and device match the plan and the
+// cache view ("plan/run mismatch" errors name the tensor and both values), and, for an
+// fp8_e4m3 CUDA plan made without PlanOptions::any_scale_ratio, that kv.kpe_scale /
+// kv.ckv_scale is a power of two (invalid_argument naming kv.kpe_scale). A plan's workspace is used by one run at
 // a time: do not run one plan concurrently on two streams. CUDA: the kernels are launched as
 // programmatic dependents (PDL) of the kernel before them on `stream`, so their launch overlaps
 // its end when it triggers early; they read q, the cache and sparse indices, and write, only

@@ -208,6 +208,8 @@ fp8mla::PlanOptions plan_options(const nb::dict& d) {
   o.max_qo_len = nb::cast<int>(d["max_qo_len"]);
   o.exact_scores = nb::cast<bool>(d["exact_scores"]);
   o.max_tile_rows = nb::cast<int>(d["max_tile_rows"]);
+  o.any_scale_ratio = nb::cast<bool>(d["any_scale_ratio"]);
+  o.kernel_family = fp8mla::parse_kernel_family(nb::cast<std::string>(d["kernel_family"]));
   return o;
 }
 
@@ -301,6 +303,9 @@ NB_MODULE(_fp8mla, m) {
           "device",
           [](const fp8mla::Plan& p) { return std::string(fp8mla::device_name(p.device())); })
       .def_prop_ro("partial_rows", &fp8mla::Plan::partial_rows)
+      .def_prop_ro(
+          "kernel_name", [](const fp8mla::Plan& p) { return std::string(p.kernel_name()); },
+          "the kernel family every run of the plan launches (chosen once by plan())")
       .def_prop_ro("num_splits",
                    [](const fp8mla::Plan& p) {
                      auto s = p.num_splits();
@@ -323,6 +328,7 @@ NB_MODULE(_fp8mla, m) {
                ", num_heads=" + std::to_string(p.num_heads()) +
                ", kv_format=" + fp8mla::format_name(p.kv_format()) +
                ", device=" + fp8mla::device_name(p.device()) +
+               ", kernel=" + p.kernel_name() +
                ", tiles=" + std::to_string(p.tiles().size()) + ")";
       });
 

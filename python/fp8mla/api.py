@@ -121,8 +121,10 @@ def plan(
     max_qo_len=0,
     exact_scores=False,
     max_tile_rows=0,
+    any_scale_ratio=False,
+    kernel_family="auto",
 ):
-    """Validates a batch and partitions its work (fp8mla::plan).
+    """Validates a batch, chooses its kernel family and partitions its work (fp8mla::plan).
 
     Index arrays (any integer dtype, host or device; they are copied to the host as int32):
       qo_indptr   [batch + 1]   query-token offsets per request, starting at 0
@@ -140,9 +142,11 @@ def plan(
     mode: cuda_graph=True with max_batch, max_total_q, max_kv_indices > 0; exact_scores=True
     keeps fp8_e4m3 scores off the fp8 tensor cores, README "Numerics"; max_tile_rows in 0..64
     caps the rows, heads x query tokens, a tile packs: 16 puts multi-token rows of <= 16 heads
-    on the <= 16-row CUDA kernels; 0 lets the planner choose).
+    on the <= 16-row CUDA kernels; 0 lets the planner choose; any_scale_ratio=True lets run()
+    pass fp8_e4m3 scales whose kpe_scale / ckv_scale is not a power of two; kernel_family
+    "auto" or a family's name forces it, e.g. "fp8_exact").
 
-    Returns a Plan. Raises ValueError naming the argument, index and bound for bad input;
+    Returns a Plan (Plan.kernel_name: the kernel family every run launches). Raises ValueError naming the argument, index and bound for bad input;
     RuntimeError when the device cannot be served (e.g. "cuda" in a build without CUDA).
     """
     return _ext.plan(
@@ -151,20 +155,22 @@ def plan(
                       causal_len=causal_len),
         _plan_options(sm_count, ctas_per_sm, min_chunk_tokens, num_threads, cpu_reference,
                       cuda_graph, max_batch, max_total_q, max_kv_indices, max_qo_len,
-                      exact_scores, max_tile_rows),
+                      exact_scores, max_tile_rows, any_scale_ratio, kernel_family),
     )
 
 
 def _plan_options(sm_count=0, ctas_per_sm=0, min_chunk_tokens=64, num_threads=0,
                   cpu_reference=False, cuda_graph=False, max_batch=0, max_total_q=0,
-                  max_kv_indices=0, max_qo_len=0, exact_scores=False, max_tile_rows=0):
+                  max_kv_indices=0, max_qo_len=0, exact_scores=False, max_tile_rows=0,
+                  any_scale_ratio=False, kernel_family="auto"):
     """fp8mla::PlanOptions as the dict _ext takes (every key, converted)."""
     return dict(sm_count=int(sm_count), ctas_per_sm=int(ctas_per_sm),
                 min_chunk_tokens=int(min_chunk_tokens), num_threads=int(num_threads),
                 cpu_reference=bool(cpu_reference), cuda_graph=bool(cuda_graph),
                 max_batch=int(max_batch), max_total_q=int(max_total_q),
                 max_kv_indices=int(max_kv_indices), max_qo_len=int(max_qo_len),
-                exact_scores=bool(exact_scores), max_tile_rows=int(max_tile_rows))
+                exact_scores=bool(exact_scores), max_tile_rows=int(max_tile_rows),
+                any_scale_ratio=bool(any_scale_ratio), kernel_family=str(kernel_family))
 
 
 def replan(

@@ -26,10 +26,11 @@ void cpu_merge_states(const TensorView& v, const TensorView& s, const TensorView
 bool cuda_built() noexcept;        // false in a build without CUDA
 int cuda_device_count() noexcept;  // 0 when none is visible (or not built)
 int cuda_sm_count(int device_id);  // multiprocessors of the device
-// CTAs of the decode kernel a run of `plan` launches (for its format, page size, sparse mode,
-// options and tiles of up to plan.kernel_rows rows) that fit one SM; assumes a power-of-two
-// kpe_scale / ckv_scale (as PagedLatentCache keeps), which run() may find otherwise.
-int cuda_ctas_per_sm(const PlanState& plan);
+// The device's compute capability as 10 * major + minor (90 for sm_90).
+int cuda_compute_capability(int device_id);
+// CTAs of `family`'s kernel for plan.kv_format and tiles of up to plan.kernel_rows rows that
+// fit one SM.
+int cuda_ctas_per_sm(const PlanState& plan, KernelFamily family);
 void* cuda_malloc(std::size_t bytes, int device_id);  // zero-filled; throws out_of_memory
 void cuda_free(void* ptr) noexcept;
 void cuda_copy_to_host(void* dst, const void* src, std::size_t bytes);    // synchronous

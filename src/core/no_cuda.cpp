@@ -20,7 +20,10 @@ int cuda_device_count() noexcept {
 int cuda_sm_count(int) {
   no_cuda("device");
 }
-int cuda_ctas_per_sm(const PlanState&) {
+int cuda_compute_capability(int) {
+  no_cuda("device");
+}
+int cuda_ctas_per_sm(const PlanState&, KernelFamily) {
   no_cuda("problem.device");
 }
 void* cuda_malloc(std::size_t, int) {

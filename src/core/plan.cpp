@@ -1,22 +1,22 @@
-// The planner (include/fp8mla/attention.h): validates a Problem, copies its index arrays and
-// partitions the work into tiles.
+// The planner (include/fp8mla/attention.h): validates a Problem, copies its index arrays, chooses
+// the kernel family once (src/core/dispatch.h) and partitions the work into tiles for it.
 //
 // Partition, a deterministic function of (Problem, PlanOptions, resolved sm_count):
 //  * Rows of a tile = q_count x head_count <= kMaxRowsPerTile (64).
 //    Head blocks: H <= 64 gives one block of all H heads, and query tokens are grouped
 //    q_count = min(qo_len, max(1, M / H)) per tile, M = options.max_tile_rows, or when 0 the
-//    planner's choice (resolve_max_tile_rows: 16 or 64; the last q block may be smaller); H > 64
+//    planner's choice (dispatch.h, choose_max_tile_rows: 16 or 64; the last q block may be
+//    smaller); H > 64
 //    gives blocks of 64 heads (the last one smaller) and q_count = 1. Sparse mode always has
 //    q_count = 1: each token has its own index list.
 //  * A group is (request, q block, head block). Its work is the request's length L_r: kv_len[r]
 //    when dense (with causal the last row sees all L_r tokens, so that bounds every row), topk
 //    when sparse (then the kv range is positions [0, topk) of each token's index list).
-//  * target = sm_count * ctas_per_sm (ctas_per_sm resolved: the option, or the CUDA kernel's
-//    residency from the occupancy API, or 1 on the CPU), W = sum of the groups' work; but
-//    target = sm_count when ctas_per_sm came from the kernel and W < 768 tokens per SM: below
-//    that a second CTA per SM costs more (start-up, twice the partials to merge) than it hides
-//    (H200 sweep, bench/NOTES.md v22: 1/16/32768 22.4 -> 17.3 us, 16/8/4096 24.1 -> 21.2 us;
-//    from ~1000 tokens per SM on, two CTAs win: 64/8/4096 49.5 vs 58.0 us),
+//  * target = sm_count * ctas_per_sm (ctas_per_sm resolved: the option, or the residency of the
+//    chosen family's kernel from the occupancy API, or 1 on the CPU), W = sum of the groups'
+//    work; but target = sm_count when ctas_per_sm came from the kernel and W < 768 tokens per
+//    SM: below that a second CTA per SM costs more (start-up, twice the partials to merge) than
+//    it hides, and from ~1000 tokens per SM on two CTAs win,
 //    c_min = round_up(max(min_chunk_tokens, ceil(W / target)), 64). For a chunk c, request r gets
 //    n_r = ceil(L_r / c) splits (1 when L_r <= c, so also for L_r = 0). A split request
 //    cuts [0, L_r) into n_r near-equal ranges of chunk_r = round_up(ceil(L_r / n_r), 64) <= c
@@ -24,8 +24,8 @@
 //    The chunk is the c >= c_min (among c_min and round_up(ceil(L_max / n), 64)) with the least
 //    estimated time ceil(tiles / target) * (longest tile + 64) + (any split ? 128 : 0), in
 //    tokens: tiles run in waves of `target`, a CTA has a fixed start-up cost, and a split costs
-//    the merge launch. Ties go to the larger chunk. (With c = c_min alone, v3's 2 CTAs per SM got
-//    384 tiles = 1.45 waves at 128 requests x 8192 tokens; bench/NOTES.md.)
+//    the merge launch. Ties go to the larger chunk. (c = c_min alone can leave a last partial
+//    wave: 384 tiles on 264 CTA slots at 128 requests x 8192 tokens.)
 //  * Tiles: requests in order, a request's tiles contiguous and ordered by (split, head block,
 //    q block), so tiles reading the same kv range are neighbours. Split requests' tiles carry
 //    split = s in [0, n_r), the others -1. qo_len = 0 gives no tiles; L_r = 0 with qo_len > 0
@@ -50,6 +50,7 @@
 #include "fp8mla/error.h"
 #include "src/core/backend.h"
 #include "src/core/check.h"
+#include "src/core/dispatch.h"
 #include "src/core/plan_state.h"
 
 namespace fp8mla {
@@ -297,44 +298,31 @@ int kernel_rows(const Problem& p, const PlanOptions& o) {
   return static_cast<int>(heads * std::min<std::int64_t>(q, b.max_q_per_tile));
 }
 
-// PlanOptions::max_tile_rows = 0 on CUDA with an fp8_e4m3 cache (dense, fast scores, <= 16
-// heads): 16 when the batch is too small to fill the GPU, i.e. at most two 64-token blocks an
-// SM (kv tokens summed over requests <= 128 x sm_count) and its 16-row tiles (requests x their
-// 16-row query blocks) at most a quarter of the SMs; else 64. There the SMs a 64-row plan leaves
-// idle take the extra tiles, and the <= 16-row fp8 kernels run a block faster than the 17-64-row
-// kernel; with longer contexts each capped tile re-reads its pages and the cap costs up to 2x
-// (bench/NOTES.md mtp2). Graph mode decides once, from the capacities (max_kv_indices pages,
-// max_batch x max_qo_len), and replan() keeps it. (The fast <= 16-row kernels also need run()'s
-// kpe_scale / ckv_scale to be a power of two, as one cache scale gives; otherwise the capped
-// tiles run the fp8 fragment kernel.)
-int resolve_max_tile_rows(const Problem& p, const PlanOptions& o, int sm_count) {
-  if (o.max_tile_rows > 0) return o.max_tile_rows;
-  constexpr int kCap = 16;
-  constexpr std::int64_t kFewTokensPerSm = 128;
-  if (p.device != DeviceKind::cuda || p.kv_format != KvFormat::fp8_e4m3 || p.topk > 0 ||
-      o.exact_scores || p.num_heads > kCap)
-    return kMaxRowsPerTile;
-  // Uncapped, the largest tile has at most 16 rows: the cap changes nothing.
-  if (kernel_rows(p, o) <= kCap) return kMaxRowsPerTile;
-  const std::int64_t q_per_tile = kCap / p.num_heads;
-  std::int64_t tiles = 0, tokens = 0;
-  if (o.cuda_graph) {
-    tiles = std::int64_t{o.max_batch} * ceil_div(graph_max_qo_len(o), q_per_tile);
-    tokens = o.max_kv_indices * p.page_size;
-  } else {
-    for (std::size_t r = 0; r + 1 < p.qo_indptr.size(); ++r) {
-      const std::int64_t qo = p.qo_indptr[r + 1] - p.qo_indptr[r];
-      tiles += ceil_div(qo, q_per_tile);
-      if (qo > 0) tokens += p.kv_len[r];
-    }
-  }
-  return tokens <= kFewTokensPerSm * sm_count && tiles * 4 <= sm_count ? kCap : kMaxRowsPerTile;
+// The problem as the dispatch table sees it: tiles of up to `rows` rows, the longest tile
+// `longest_tile` kv tokens.
+detail::DispatchKey dispatch_key(const Problem& p, const PlanOptions& o, int arch, int rows,
+                                 std::int64_t longest_tile) {
+  return {.arch = arch,
+          .format = p.kv_format,
+          .rows = detail::rows_class(rows),
+          .sparse = p.topk > 0,
+          .pages = detail::page_class(p.page_size),
+          .any_scale_ratio = o.any_scale_ratio,
+          .exact_scores = o.exact_scores,
+          .tiles = detail::tile_class(longest_tile)};
 }
 
-// s: the problem's fields and kernel_rows set.
-int resolve_ctas_per_sm(const PlanState& s) {
+// What the table is asked for: PlanOptions::cpu_reference asks a CPU plan for the reference.
+KernelFamily requested_family(const Problem& p, const PlanOptions& o) {
+  const bool reference = o.cpu_reference && p.device == DeviceKind::cpu;
+  return reference && o.kernel_family == KernelFamily::automatic ? KernelFamily::cpu_reference
+                                                                 : o.kernel_family;
+}
+
+// s: the problem's fields and kernel_rows set; `family`'s residency.
+int resolve_ctas_per_sm(const PlanState& s, KernelFamily family) {
   if (s.options.ctas_per_sm > 0) return s.options.ctas_per_sm;
-  if (s.device == DeviceKind::cuda) return detail::cuda_ctas_per_sm(s);
+  if (s.device == DeviceKind::cuda) return detail::cuda_ctas_per_sm(s, family);
   return 1;
 }
 
@@ -448,9 +436,11 @@ void validate(const Problem& p, const PlanOptions& o) {
   if (p.device_kv_indices.defined()) check_device_page_ids(p);
 }
 
-// Everything but the device upload and the CPU workspace, for a validated problem. ctas_per_sm
-// 0: resolve it (plan()); replan() passes the original plan's.
-PlanState build_state(const Problem& p, const PlanOptions& o, int sm_count, int ctas_per_sm) {
+// Everything but the device upload and the CPU workspace, for a validated problem. `original`:
+// null for plan(), which chooses the kernel family and resolves ctas_per_sm; replan() passes
+// the original plan, whose family, ctas_per_sm and arch it keeps.
+PlanState build_state(const Problem& p, const PlanOptions& o, int sm_count,
+                      const PlanState* original) {
   PlanState s;
   s.num_heads = p.num_heads;
   s.page_size = p.page_size;
@@ -462,10 +452,14 @@ PlanState build_state(const Problem& p, const PlanOptions& o, int sm_count, int 
   s.device = p.device;
   s.device_id = p.device_id;
   s.options = o;
-  s.options.max_tile_rows = resolve_max_tile_rows(p, o, sm_count);  // kept by replan()
   s.sm_count = sm_count;
+  s.arch = original != nullptr          ? original->arch
+           : p.device == DeviceKind::cuda ? detail::cuda_compute_capability(p.device_id)
+                                          : 0;
+  // kept by replan(): the options it passes are the original plan's
+  s.options.max_tile_rows = detail::choose_max_tile_rows(
+      p, o, dispatch_key(p, o, s.arch, 16, 0), kernel_rows(p, o), sm_count);
   s.kernel_rows = kernel_rows(p, s.options);
-  s.ctas_per_sm = ctas_per_sm > 0 ? ctas_per_sm : resolve_ctas_per_sm(s);
   s.batch = static_cast<int>(p.qo_indptr.size() - 1);
   s.total_q = p.qo_indptr.back();
   s.qo_indptr.assign(p.qo_indptr.begin(), p.qo_indptr.end());
@@ -474,7 +468,29 @@ PlanState build_state(const Problem& p, const PlanOptions& o, int sm_count, int 
   s.kv_len.assign(p.kv_len.begin(), p.kv_len.end());
   s.causal_len.assign(p.causal_len.begin(), p.causal_len.end());
   s.sparse_indices.assign(p.sparse_indices.begin(), p.sparse_indices.end());
-  partition(s);
+  if (original != nullptr) {
+    s.family = original->family;
+    s.ctas_per_sm = original->ctas_per_sm;
+    partition(s);
+  } else {
+    // The family depends on the longest tile, which the partition decides, and the partition on
+    // the family's residency: partition for the family chosen for short tiles, then choose with
+    // the partition's longest tile; a family of another residency gets its own partition.
+    const KernelFamily requested = requested_family(p, o);
+    const KernelFamily first =
+        detail::choose_family(dispatch_key(p, o, s.arch, s.kernel_rows, 0), requested);
+    s.ctas_per_sm = resolve_ctas_per_sm(s, first);
+    partition(s);
+    s.family = detail::choose_family(dispatch_key(p, o, s.arch, s.kernel_rows, s.longest_tile),
+                                     requested);
+    if (s.family != first) {
+      const int ctas = resolve_ctas_per_sm(s, s.family);
+      if (ctas != s.ctas_per_sm) {
+        s.ctas_per_sm = ctas;
+        partition(s);
+      }
+    }
+  }
   set_capacities(s);
   return s;
 }
@@ -536,6 +552,12 @@ std::span<const std::int32_t> Plan::num_splits() const {
 std::int64_t Plan::partial_rows() const {
   return state().partial_rows;
 }
+KernelFamily Plan::kernel_family() const {
+  return state().family;
+}
+const char* Plan::kernel_name() const {
+  return kernel_family_name(state().family);
+}
 
 Plan plan(const Problem& problem, const PlanOptions& options) {
   // Validate before asking the device, so bad input reads as bad input in any build (a page
@@ -543,7 +565,7 @@ Plan plan(const Problem& problem, const PlanOptions& options) {
   const detail::CurrentDeviceGuard keep(problem.device == DeviceKind::cuda);
   validate(problem, options);
   auto state = std::make_unique<PlanState>(
-      build_state(problem, options, resolve_sm_count(problem, options), 0));
+      build_state(problem, options, resolve_sm_count(problem, options), nullptr));
   if (state->device == DeviceKind::cuda) {
     state->device_kv_indices = problem.device_kv_indices;  // read by the upload only
     detail::cuda_upload_plan(*state);
@@ -569,7 +591,7 @@ void replan(Plan& p, const Problem& problem) {
   // Same options and sm_count as the original, so the capacities (and buffers) still fit.
   const detail::CurrentDeviceGuard keep(s.device == DeviceKind::cuda);
   validate(problem, s.options);
-  PlanState next = build_state(problem, s.options, s.sm_count, s.ctas_per_sm);
+  PlanState next = build_state(problem, s.options, s.sm_count, &s);
   if (next.device == DeviceKind::cuda) {
     next.cuda = std::move(s.cuda);
     next.device_kv_indices = problem.device_kv_indices;

@@ -31,8 +31,11 @@ struct PlanState {
   PlanOptions options;
   int sm_count = 0;     // resolved target width used by the partition
   int ctas_per_sm = 1;  // resolved tiles in flight per unit (options.ctas_per_sm or the kernel's)
-  int kernel_rows =
-      1;  // rows of the largest tile the kernel is chosen for (graph: any within max_*)
+  // Rows of the largest tile the kernel family is chosen for (graph: any within max_*).
+  int kernel_rows = 1;
+  int arch = 0;  // compute capability of the CUDA device (10 * major + minor); 0 on the CPU
+  // The kernel family every run() launches: src/core/dispatch.h's choice, made once by plan().
+  KernelFamily family = KernelFamily::cpu_fast;
 
   int batch = 0;
   int total_q = 0;
@@ -51,7 +54,7 @@ struct PlanState {
   std::vector<std::int32_t> num_splits;      // [batch]
   std::vector<std::int64_t> partial_offset;  // [batch]
   std::int64_t partial_rows = 0;
-  std::int64_t longest_tile = 0;  // the most kv tokens a tile holds (kernel choice, decode.cu)
+  std::int64_t longest_tile = 0;  // the most kv tokens a tile holds (DispatchKey::tiles)
 
   // Sizes the device buffers must hold (src/core/plan.cpp derives them). Graph mode: bounds for
   // any problem within options.max_* (so replan() never reallocates); the index arrays' bounds

@@ -7,6 +7,7 @@
 #include "fp8mla/error.h"
 #include "src/core/backend.h"
 #include "src/core/check.h"
+#include "src/core/dispatch.h"
 #include "src/core/plan_state.h"
 
 #ifndef FP8MLA_VERSION
@@ -42,6 +43,12 @@ void check_cache(const PlanState& s, const KvCacheView& kv) {
               " must be finite and > 0");
       require(std::isfinite(kv.kpe_scale) && kv.kpe_scale > 0.0f, "kv.kpe_scale", kv.kpe_scale,
               " must be finite and > 0");
+      // The plan's family was chosen for this ratio class (src/core/dispatch.h).
+      require(s.device != DeviceKind::cuda || s.options.any_scale_ratio ||
+                  detail::pow2_scale_ratio(s.sm_scale, kv.ckv_scale, kv.kpe_scale),
+              "kv.kpe_scale", "kpe_scale / ckv_scale = ", kv.kpe_scale, " / ", kv.ckv_scale,
+              " is not a power of two, as the plan assumes (plan with options.any_scale_ratio = "
+              "true for any ratio)");
       return;
     case KvFormat::fp8_e4m3_block:
       // The whole 656-byte token; FlashMLA hands it over typed as float8_e4m3fn.
@@ -90,7 +97,7 @@ void run(const Plan& p, const RunArgs& args) {
   if (s.device == DeviceKind::cuda) {
     const detail::CurrentDeviceGuard keep(true);
     detail::cuda_run(s, args);
-  } else if (s.options.cpu_reference) {
+  } else if (s.family == KernelFamily::cpu_reference) {
     detail::cpu_reference(s, args);
   } else {
     detail::cpu_run(s, args);

@@ -7,6 +7,7 @@
 
 #include "src/core/backend.h"
 #include "src/core/check.h"
+#include "src/core/dispatch.h"
 #include "src/cuda/cuda_util.cuh"
 #include "src/cuda/decode_bf16_seesaw_kernel.cuh"
 #include "src/cuda/decode_bf16_tma_kernel.cuh"
@@ -162,101 +163,78 @@ __global__ void merge_states_kernel(const In* v, std::int64_t v_r, std::int64_t 
     so[row * so_r] = wsum > 0.0f ? mx + logf(wsum) : wsum == 0.0f ? -INFINITY : NAN;
 }
 
-// ---- the dispatch table: (format, row tiles) -> kernel instantiation ----
+// ---- the launch table: kernel family (src/core/dispatch.h) -> kernel ----
 using DecodeFn = void (*)(const DecodeParams);
 struct KernelEntry {
   DecodeFn fn;
   int smem;
   int threads = decode::kThreads;
-  int regs = 0;  // > 0: the register count the kernel's setmaxnreg split assumes
+  int regs = 0;              // > 0: the register count the kernel's setmaxnreg split assumes
+  bool tensor_maps = false;  // reads the cache through DecodeParams::ckv_map / kpe_map
 };
 template <KvFormat F, int MT>
-constexpr KernelEntry entry() {
+constexpr KernelEntry shared_tile_entry() {
   return {&mla_decode_kernel<F, MT>, decode::Smem<F, MT>::kBytes};
 }
 template <bool kBf16>
-constexpr KernelEntry ws_entry() {
+constexpr KernelEntry wide_rows_entry() {
   return {&mla_decode_wgmma_ws_kernel<kBf16>, ws::Layout<kBf16>::kSmemBytes, ws::kThreads,
           ws::kLaunchRegs};
 }
-constexpr int row_tile_index(int mt) {
-  return mt == 1 ? 0 : mt == 2 ? 1 : 2;
-}
-// Tiles of 17-64 rows (two or four m-tiles) of fp8_e4m3 and bf16 caches run the warp-specialized
-// wgmma kernel (decode_wgmma_ws_kernel.cuh); fp8_e4m3 with <= 16 rows has the fragment kernel
-// (decode_fp8_kernel.cuh); the rest (the block format, bf16 <= 16 rows) the shared-tile kernel
-// (decode_kernel.cuh), unless choose_kernel below picks another.
-const std::array<std::array<KernelEntry, 3>, 3> kDecodeKernels = {{
-    {entry<KvFormat::bf16, 1>(), ws_entry<true>(), ws_entry<true>()},
-    {KernelEntry{&mla_decode_fp8_kernel, fp8frag::kSmemBytes}, ws_entry<false>(),
-     ws_entry<false>()},
-    {entry<KvFormat::fp8_e4m3_block, 1>(), entry<KvFormat::fp8_e4m3_block, 2>(),
-     entry<KvFormat::fp8_e4m3_block, 4>()},
-}};
+const KernelEntry kSharedTile[] = {
+    shared_tile_entry<KvFormat::bf16, 1>(), shared_tile_entry<KvFormat::fp8_e4m3_block, 1>(),
+    shared_tile_entry<KvFormat::fp8_e4m3_block, 2>(),
+    shared_tile_entry<KvFormat::fp8_e4m3_block, 4>()};
+const KernelEntry kFp8Exact{&mla_decode_fp8_kernel, fp8frag::kSmemBytes};
+const KernelEntry kFp8Tma{&mla_decode_fp8_tma_kernel, fp8tma::kSmemBytes, decode::kThreads, 0,
+                          true};
+const KernelEntry kFp8Gather{&mla_decode_fp8_gather_kernel, fp8gather::kSmemBytes,
+                             fp8gather::kCtaThreads};
+const KernelEntry kBf16Tma{&mla_decode_bf16_tma_kernel<false>, bf16tma::Layout<false>::kSmemBytes,
+                           decode::kThreads, 0, true};
+const KernelEntry kBf16Gather{&mla_decode_bf16_tma_kernel<true>, bf16tma::Layout<true>::kSmemBytes,
+                              bf16tma::kCtaThreads<true>};
+const KernelEntry kWideRows[] = {wide_rows_entry<false>(), wide_rows_entry<true>()};
+const KernelEntry kBf16WideRows{&mla_decode_bf16_seesaw_kernel, seesaw::Layout::kSmemBytes,
+                                seesaw::kThreads, 0, true};
 
-// The kernels that replace the table's entry where choose_kernel picks them:
-//   * fp8_e4m3 and bf16 tiles of <= 16 rows on dense page tables with pages of >= 8 tokens
-//     (decode_fp8_tma_kernel.cuh, decode_bf16_tma_kernel.cuh: tensor-map copies of page runs, S
-//     on wgmma); fp8_e4m3 when kpe_scale / ckv_scale is a power of two (q_pe carries it exactly;
-//     one cache scale, as PagedLatentCache keeps, gives 1). PlanOptions::exact_scores keeps the
-//     fp8 fragment kernel (fp16 products, fp32 sums), and sparse lists keep it too;
-//   * fp8_e4m3 tiles of <= 16 rows on dense pages of < 8 tokens, on the same conditions: the fp8
-//     gather kernel (decode_fp8_gather_kernel.cuh: one CTA an SM, one bulk copy a token into
-//     padded rows issued by four producer warps, each warpgroup taking alternate blocks whole,
-//     S's cache operand from registers; a tensor-map box of one token into the swizzled tile
-//     faults, bench/NOTES.md v50; v65, v68, v69);
-//   * bf16 tiles of <= 16 rows on dense pages of < 8 tokens, and on any page size in a plan with a
-//     tile of >= 32 blocks (kGatherMinTile): the bf16 TMA kernel's gather instantiation (one bulk
-//     copy a token into padded rows, issued by four producer warps; S's cache operand from
-//     registers; v66, v67);
-//   * bf16 tiles of 17-64 rows on dense pages of >= 64 tokens (a 64-token block is one page's
-//     run: nine boxes): FlashMLA's schedule (decode_bf16_seesaw_kernel.cuh: two warpgroups,
-//     tensor-map panels refilled by the warpgroup that read them last; bench/NOTES.md v53-v56).
-// bf16 tiles of <= 16 rows at pages >= 8 also take the gather instantiation when the plan has a
-// tile of >= 32 blocks: its producer warps' per-token copies then outrun the tensor-map boxes
-// (128/16/8192 page 64: 299 -> 284 us), while its first block lands later, which tiles of <= 16
-// blocks feel (1-11% slower; bench/NOTES.md v67). Graph plans keep the kernel they were captured
-// with; both compute the same function.
-constexpr std::int64_t kGatherMinTile = 32 * 64;
-const KernelEntry kFp8TmaKernel{&mla_decode_fp8_tma_kernel, fp8tma::kSmemBytes};
-const KernelEntry kFp8GatherKernel{&mla_decode_fp8_gather_kernel, fp8gather::kSmemBytes,
-                                   fp8gather::kCtaThreads};
-const KernelEntry kBf16TmaKernel{&mla_decode_bf16_tma_kernel<false>,
-                                 bf16tma::Layout<false>::kSmemBytes};
-const KernelEntry kBf16GatherKernel{&mla_decode_bf16_tma_kernel<true>,
-                                    bf16tma::Layout<true>::kSmemBytes, bf16tma::kCtaThreads<true>};
-const KernelEntry kBf16SeesawKernel{&mla_decode_bf16_seesaw_kernel, seesaw::Layout::kSmemBytes,
-                                    seesaw::kThreads};
-
-const KernelEntry& decode_kernel(KvFormat format, int row_tiles) {
-  return kDecodeKernels[static_cast<int>(format)][row_tile_index(row_tiles)];
-}
-
-// The kernel a run launches, and whether it reads the cache through tensor maps.
-struct KernelChoice {
-  const KernelEntry* kernel;
-  bool tensor_maps;
-};
-// pow2_scales: kpe_scale / ckv_scale is a power of two (pow2_ratio).
-KernelChoice choose_kernel(const PlanState& plan, KvFormat format, int row_tiles,
-                           bool pow2_scales) {
-  const KernelChoice table{&decode_kernel(format, row_tiles), false};
-  if (plan.topk != 0) return table;
-  if (row_tiles > 1)
-    return format == KvFormat::bf16 && plan.page_size >= 64 ? KernelChoice{&kBf16SeesawKernel, true}
-                                                            : table;
-  if (format == KvFormat::bf16)
-    return plan.page_size >= 8 && plan.longest_tile < kGatherMinTile
-               ? KernelChoice{&kBf16TmaKernel, true}
-               : KernelChoice{&kBf16GatherKernel, false};
-  if (format != KvFormat::fp8_e4m3 || !pow2_scales || plan.options.exact_scores) return table;
-  return plan.page_size >= 8 ? KernelChoice{&kFp8TmaKernel, true}
-                             : KernelChoice{&kFp8GatherKernel, false};
-}
-bool pow2_ratio(float scale_nope, float scale_pe) {
-  int e = 0;
-  return std::isnormal(scale_nope) && std::isnormal(scale_pe) &&
-         std::frexp(scale_pe / scale_nope, &e) == 0.5f;
+// The kernel of `family` for tiles of `row_tiles` 16-row m-tiles of a `format` cache. The
+// dispatch table gives each family only the formats and rows it serves; anything else is a bug.
+const KernelEntry& kernel_entry(KernelFamily family, KvFormat format, int row_tiles) {
+  const bool rows16 = row_tiles == 1;
+  switch (family) {
+    case KernelFamily::shared_tile:
+      if (format == KvFormat::fp8_e4m3_block) return kSharedTile[row_tiles == 1 ? 1 : row_tiles == 2 ? 2 : 3];
+      if (format == KvFormat::bf16 && rows16) return kSharedTile[0];
+      break;
+    case KernelFamily::fp8_exact:
+      if (format == KvFormat::fp8_e4m3 && rows16) return kFp8Exact;
+      break;
+    case KernelFamily::fp8_tma:
+      if (format == KvFormat::fp8_e4m3 && rows16) return kFp8Tma;
+      break;
+    case KernelFamily::fp8_gather:
+      if (format == KvFormat::fp8_e4m3 && rows16) return kFp8Gather;
+      break;
+    case KernelFamily::bf16_tma:
+      if (format == KvFormat::bf16 && rows16) return kBf16Tma;
+      break;
+    case KernelFamily::bf16_gather:
+      if (format == KvFormat::bf16 && rows16) return kBf16Gather;
+      break;
+    case KernelFamily::wide_rows:
+      if (format != KvFormat::fp8_e4m3_block && !rows16)
+        return kWideRows[format == KvFormat::bf16 ? 1 : 0];
+      break;
+    case KernelFamily::bf16_wide_rows:
+      if (format == KvFormat::bf16 && !rows16) return kBf16WideRows;
+      break;
+    default:
+      break;
+  }
+  throw Error(ErrorCode::internal, "plan",
+              msg("kernel family ", kernel_family_name(family), " has no CUDA kernel for ",
+                  format_name(format), " tiles of ", 16 * row_tiles, " rows"));
 }
 
 // cuTensorMapEncodeTiled (a host function of the driver), found once through the runtime so the
@@ -341,10 +319,9 @@ std::int64_t byte_stride(const TensorView& t, int dim) {
 
 }  // namespace
 
-int cuda_ctas_per_sm(const PlanState& plan) {
+int cuda_ctas_per_sm(const PlanState& plan, KernelFamily family) {
   FP8MLA_CUDA_CHECK(cudaSetDevice(plan.device_id));
-  const KernelEntry& k =
-      *choose_kernel(plan, plan.kv_format, row_tiles_for(plan.kernel_rows), true).kernel;
+  const KernelEntry& k = kernel_entry(family, plan.kv_format, row_tiles_for(plan.kernel_rows));
   prepare(k);
   int n = 0;
   FP8MLA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k.fn, k.threads, k.smem));
@@ -377,7 +354,7 @@ void cuda_run(PlanState& plan, const RunArgs& args) {
   while ((1 << p.page_shift) < plan.page_size) ++p.page_shift;
   p.pool_slots = plan.num_pages * plan.page_size;
   p.causal = plan.causal;
-  const float s = plan.sm_scale * decode::kLog2e;
+  const float s = plan.sm_scale * kLog2e;  // as pow2_scale_ratio (dispatch.h) computes it
   const bool per_tensor = kv.format == KvFormat::fp8_e4m3;
   p.scale_nope = per_tensor ? s * kv.ckv_scale : s;
   p.scale_pe = per_tensor ? s * kv.kpe_scale : s;
@@ -410,9 +387,8 @@ void cuda_run(PlanState& plan, const RunArgs& args) {
   // Graph-mode plans launch their full capacity (idle CTAs exit at once), so a captured launch
   // stays valid when replan() changes the tile count.
   const std::int64_t grid = b.graph ? b.cap_tiles : b.num_tiles;
-  const KernelChoice choice =
-      choose_kernel(plan, kv.format, b.row_tiles, pow2_ratio(p.scale_nope, p.scale_pe));
-  if (choice.tensor_maps && grid > 0) {
+  const KernelEntry& k = kernel_entry(plan.family, kv.format, b.row_tiles);
+  if (k.tensor_maps && grid > 0) {
     const int element = kv.format == KvFormat::bf16 ? 2 : 1;  // bytes
     encode_page_map(p.ckv_map, p.ckv, 512 * element, plan.page_size, plan.num_pages,
                     p.ckv_token_stride, p.ckv_page_stride, "kv.ckv");
@@ -430,7 +406,6 @@ void cuda_run(PlanState& plan, const RunArgs& args) {
   cfg.attrs = &pdl;
   cfg.numAttrs = 1;
   if (grid > 0) {
-    const KernelEntry& k = *choice.kernel;
     prepare(k);
     cfg.gridDim = dim3(static_cast<unsigned>(grid));
     cfg.blockDim = dim3(static_cast<unsigned>(k.threads));

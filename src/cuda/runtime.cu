@@ -39,6 +39,14 @@ int cuda_sm_count(int device_id) {
   return sms;
 }
 
+int cuda_compute_capability(int device_id) {
+  require_visible(device_id);
+  int major = 0, minor = 0;
+  FP8MLA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_id));
+  FP8MLA_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_id));
+  return 10 * major + minor;
+}
+
 void* cuda_malloc(std::size_t bytes, int device_id) {
   FP8MLA_CUDA_CHECK(cudaSetDevice(device_id));
   void* p = nullptr;

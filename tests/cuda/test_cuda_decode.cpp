@@ -23,6 +23,7 @@
 #include "fp8mla/context_parallel.h"
 #include "fp8mla/error.h"
 #include "src/core/backend.h"
+#include "src/core/dispatch.h"
 #include "tests/common/test_util.h"
 #include "tests/cuda/gpu_test_util.h"
 
@@ -47,6 +48,10 @@ using gputest::with_new_lengths;
 // and returns the output's bf16 bits (without the guards).
 std::vector<std::uint16_t> check_case(test::RandomCase& c, const std::string& what,
                                       PlanOptions options = {}, Tolerance tol = {}) {
+  // A scale ratio that is not a power of two is a plan input (PlanOptions::any_scale_ratio).
+  if (c.spec.format == KvFormat::fp8_e4m3 &&
+      !detail::pow2_scale_ratio(c.sm_scale, c.spec.ckv_scale, c.spec.kpe_scale))
+    options.any_scale_ratio = true;
   test::HostOutput ref = reference(c);
   DeviceBuffer cache(c.cache), q(c.q);
   DeviceOutput d(c, 256);

@@ -180,3 +180,17 @@ def test_index_arrays_of_any_integer_type(rng):
                     tuple(int(i) for i in b.kv_indices), b.kv_len.astype(np.uint16),
                     num_heads=2, page_size=4, num_pages=b.num_pages, sm_scale=0.1)
     assert p.batch == 2
+
+
+def test_plan_records_its_kernel_family(rng):
+    # A CPU plan runs cpu_fast, or the float64 reference when asked for by either option; a
+    # family that cannot serve the plan, or an unknown name, is refused by name.
+    assert run_case(rng, "fp8_e4m3", 16, 4, [50], [1], False).kernel_name == "cpu_fast"
+    p = run_case(rng, "bf16", 16, 4, [50], [1], False, cpu_reference=True)
+    assert p.kernel_name == "cpu_reference" and "kernel=cpu_reference" in repr(p)
+    p = run_case(rng, "bf16", 16, 4, [50], [1], False, kernel_family="cpu_reference")
+    assert p.kernel_name == "cpu_reference"
+    with pytest.raises(ValueError, match="options.kernel_family.*fp8_tma"):
+        run_case(rng, "fp8_e4m3", 16, 4, [50], [1], False, kernel_family="fp8_tma")
+    with pytest.raises(ValueError, match="fp8_exact"):
+        run_case(rng, "fp8_e4m3", 16, 4, [50], [1], False, kernel_family="fp8frag")
