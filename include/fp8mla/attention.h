@@ -88,6 +88,14 @@ enum class KernelFamily : std::uint8_t {
   bf16_gather,    // CUDA: bf16 <= 16 rows, per-token copies
   wide_rows,      // CUDA: fp8_e4m3 and bf16 17-64 rows, warp-specialized wgmma
   bf16_wide_rows,  // CUDA: bf16 17-64 rows on pages of >= 64 tokens
+  // CUDA sm_80 and newer (every GPU from Ampere to Blackwell): cp.async copies, codes converted
+  // into mma.sync operands, every format, rows and mode; fp16 products (bf16 for bf16 caches).
+  // The family of every GPU but sm_90's; Hopper may force it.
+  portable,
+  // The portable family with fp8_e4m3 scores on fp8 tensor cores (mma.sync e4m3, q as two e4m3
+  // terms): fp8_e4m3 caches, fast scores; chosen on sm_89 and sm_12x (native there); sm_90 and
+  // sm_100 may force it for tiles of <= 16 rows (ptxas emulates the instruction there).
+  portable_fp8,
 };
 // "auto", "cpu_fast", ..., "bf16_wide_rows" (the enumerators' names).
 const char* kernel_family_name(KernelFamily f);

@@ -29,6 +29,8 @@ constexpr std::array kNames = {
     FamilyName{KernelFamily::bf16_gather, "bf16_gather"},
     FamilyName{KernelFamily::wide_rows, "wide_rows"},
     FamilyName{KernelFamily::bf16_wide_rows, "bf16_wide_rows"},
+    FamilyName{KernelFamily::portable, "portable"},
+    FamilyName{KernelFamily::portable_fp8, "portable_fp8"},
 };
 
 }  // namespace
@@ -87,6 +89,12 @@ struct Arch {
 };
 constexpr Arch kCpu{0, 0};
 constexpr Arch kSm90{90, 90};  // the Hopper families: sm_90a code (wgmma, setmaxnreg, TMA)
+constexpr Arch kSm80Up{80, 999};  // the portable family: cp.async, ldmatrix, mma.sync
+// fp8 mma.sync in hardware: sm_89 (Ada) and sm_12x (consumer Blackwell); sm_90 and sm_100
+// compile it as fp16 products (their fp8 tensor cores are wgmma's and tcgen05's).
+constexpr Arch kSm89{89, 89};
+constexpr Arch kSm12x{120, 129};
+constexpr Arch kSm90Up{90, 119};
 
 struct Row {
   Arch arch;
@@ -117,6 +125,14 @@ constexpr Row kDispatchTable[] = {
   // The block format at any rows, and bf16 sparse lists of <= 16 rows.
   {kSm90, kBlock,        kAll,    kAll,            kAll,         kAll,  kAll,  kAll,        KernelFamily::shared_tile},
   {kSm90, kBf16,         kRows16, kAll,            kAll,         kAll,  kAll,  kAll,        KernelFamily::shared_tile},
+  // Every other GPU from sm_80: the portable family, fp8 products where the tensor cores have
+  // them (fp8_e4m3, fast scores).
+  {kSm89,   kFp8,        kAll,    kAll,            kAll,         kAll,  kFast, kAll,        KernelFamily::portable_fp8},
+  {kSm12x,  kFp8,        kAll,    kAll,            kAll,         kAll,  kFast, kAll,        KernelFamily::portable_fp8},
+  {kSm80Up, kAll,        kAll,    kAll,            kAll,         kAll,  kAll,  kAll,        KernelFamily::portable},
+  // Served when forced (never first: the rows above match first), at <= 16 rows: sm_90 and
+  // sm_100 emulate the instruction (src/cuda/decode/portable/kernel.cuh).
+  {kSm90Up, kFp8,        kRows16, kAll,            kAll,         kAll,  kFast, kAll,        KernelFamily::portable_fp8},
 };
 // clang-format on
 
@@ -174,7 +190,7 @@ KernelFamily choose_family(const DispatchKey& key, KernelFamily requested) {
   if (found != KernelFamily::automatic) return found;
   throw Error(ErrorCode::unsupported, "problem",
               msg("no kernel family serves ", describe(key),
-                  key.arch != 0 ? " (the CUDA families need compute capability 9.0)" : ""));
+                  key.arch != 0 ? " (the CUDA families need compute capability 8.0 or newer)" : ""));
 }
 
 bool needs_pow2_scale_ratio(KernelFamily family) {

@@ -44,6 +44,7 @@
 // (a tile holds at most max_qo_len tokens; max_qo_len = 0 means max_total_q).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <thread>
 
 #include "fp8mla/attention.h"
@@ -312,11 +313,27 @@ detail::DispatchKey dispatch_key(const Problem& p, const PlanOptions& o, int arc
           .tiles = detail::tile_class(longest_tile)};
 }
 
-// What the table is asked for: PlanOptions::cpu_reference asks a CPU plan for the reference.
-KernelFamily requested_family(const Problem& p, const PlanOptions& o) {
-  const bool reference = o.cpu_reference && p.device == DeviceKind::cpu;
-  return reference && o.kernel_family == KernelFamily::automatic ? KernelFamily::cpu_reference
-                                                                 : o.kernel_family;
+// FP8MLA_KERNEL_FAMILY in the environment: a family plans use where they leave the choice to
+// the table (PlanOptions::kernel_family automatic) and the family serves them, so a whole test
+// suite or program can run on one family (e.g. portable on Hopper) without code changes.
+KernelFamily environment_family() {
+  static const KernelFamily f = [] {
+    const char* v = std::getenv("FP8MLA_KERNEL_FAMILY");
+    return v == nullptr || *v == '\0' ? KernelFamily::automatic : parse_kernel_family(v);
+  }();
+  return f;
+}
+
+// What the table is asked for: PlanOptions::kernel_family, else FP8MLA_KERNEL_FAMILY where it
+// serves `key`; PlanOptions::cpu_reference asks a CPU plan for the reference.
+KernelFamily requested_family(const Problem& p, const PlanOptions& o,
+                              const detail::DispatchKey& key) {
+  if (o.kernel_family != KernelFamily::automatic) return o.kernel_family;
+  if (o.cpu_reference && p.device == DeviceKind::cpu) return KernelFamily::cpu_reference;
+  const KernelFamily env = environment_family();
+  return env != KernelFamily::automatic && detail::family_serves(env, key)
+             ? env
+             : KernelFamily::automatic;
 }
 
 // s: the problem's fields and kernel_rows set; `family`'s residency.
@@ -476,9 +493,9 @@ PlanState build_state(const Problem& p, const PlanOptions& o, int sm_count,
     // The family depends on the longest tile, which the partition decides, and the partition on
     // the family's residency: partition for the family chosen for short tiles, then choose with
     // the partition's longest tile; a family of another residency gets its own partition.
-    const KernelFamily requested = requested_family(p, o);
-    const KernelFamily first =
-        detail::choose_family(dispatch_key(p, o, s.arch, s.kernel_rows, 0), requested);
+    const detail::DispatchKey key = dispatch_key(p, o, s.arch, s.kernel_rows, 0);
+    const KernelFamily requested = requested_family(p, o, key);
+    const KernelFamily first = detail::choose_family(key, requested);
     s.ctas_per_sm = resolve_ctas_per_sm(s, first);
     partition(s);
     s.family = detail::choose_family(dispatch_key(p, o, s.arch, s.kernel_rows, s.longest_tile),

@@ -3,7 +3,9 @@
 
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <mutex>
+#include <string>
 
 #include "src/core/backend.h"
 #include "src/core/check.h"
@@ -17,6 +19,7 @@
 #include "src/cuda/decode_kernel.cuh"
 #include "src/cuda/decode_wgmma_kernel.cuh"
 #include "src/cuda/decode_wgmma_ws_kernel.cuh"
+#include "src/cuda/decode/portable/launch.h"
 #include "src/cuda/plan_buffers.h"
 
 namespace fp8mla::detail {
@@ -198,11 +201,34 @@ const KernelEntry kWideRows[] = {wide_rows_entry<false>(), wide_rows_entry<true>
 const KernelEntry kBf16WideRows{&mla_decode_bf16_seesaw_kernel, seesaw::Layout::kSmemBytes,
                                 seesaw::kThreads, 0, true};
 
-// The kernel of `family` for tiles of `row_tiles` 16-row m-tiles of a `format` cache. The
-// dispatch table gives each family only the formats and rows it serves; anything else is a bug.
-const KernelEntry& kernel_entry(KernelFamily family, KvFormat format, int row_tiles) {
+// Shared memory a portable kernel gets on `device_id`: two cp.async stages where the device
+// allows them (sm_80, sm_90, sm_100), else one (sm_86, sm_89, sm_120: 99 KB a CTA).
+// FP8MLA_PORTABLE_STAGES=1 in the environment asks for one everywhere (the GPU tests run the
+// one-stage form on Hopper so).
+int portable_smem(const portable::KernelInfo& k, int device_id) {
+  int optin = 0;
+  FP8MLA_CUDA_CHECK(
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_id));
+  static const bool one_stage = [] {
+    const char* v = std::getenv("FP8MLA_PORTABLE_STAGES");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return !one_stage && k.smem_two_stages <= optin ? k.smem_two_stages : k.smem_one_stage;
+}
+
+// The kernel of `family` for tiles of `row_tiles` 16-row m-tiles of a `format` cache on
+// `device_id`. The dispatch table gives each family only the formats and rows it serves;
+// anything else is a bug.
+KernelEntry kernel_entry(KernelFamily family, KvFormat format, int row_tiles, int device_id) {
   const bool rows16 = row_tiles == 1;
   switch (family) {
+    case KernelFamily::portable:
+    case KernelFamily::portable_fp8: {
+      const portable::KernelInfo k = portable::kernel_for(
+          format, row_tiles,
+          family == KernelFamily::portable_fp8 ? portable::Scores::e4m3 : portable::Scores::f16);
+      return {k.fn, portable_smem(k, device_id), portable::kThreads};
+    }
     case KernelFamily::shared_tile:
       if (format == KvFormat::fp8_e4m3_block) return kSharedTile[row_tiles == 1 ? 1 : row_tiles == 2 ? 2 : 3];
       if (format == KvFormat::bf16 && rows16) return kSharedTile[0];
@@ -321,7 +347,8 @@ std::int64_t byte_stride(const TensorView& t, int dim) {
 
 int cuda_ctas_per_sm(const PlanState& plan, KernelFamily family) {
   FP8MLA_CUDA_CHECK(cudaSetDevice(plan.device_id));
-  const KernelEntry& k = kernel_entry(family, plan.kv_format, row_tiles_for(plan.kernel_rows));
+  const KernelEntry k =
+      kernel_entry(family, plan.kv_format, row_tiles_for(plan.kernel_rows), plan.device_id);
   prepare(k);
   int n = 0;
   FP8MLA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k.fn, k.threads, k.smem));
@@ -387,7 +414,7 @@ void cuda_run(PlanState& plan, const RunArgs& args) {
   // Graph-mode plans launch their full capacity (idle CTAs exit at once), so a captured launch
   // stays valid when replan() changes the tile count.
   const std::int64_t grid = b.graph ? b.cap_tiles : b.num_tiles;
-  const KernelEntry& k = kernel_entry(plan.family, kv.format, b.row_tiles);
+  const KernelEntry k = kernel_entry(plan.family, kv.format, b.row_tiles, plan.device_id);
   if (k.tensor_maps && grid > 0) {
     const int element = kv.format == KvFormat::bf16 ? 2 : 1;  // bytes
     encode_page_map(p.ckv_map, p.ckv, 512 * element, plan.page_size, plan.num_pages,
@@ -404,7 +431,7 @@ void cuda_run(PlanState& plan, const RunArgs& args) {
   cudaLaunchConfig_t cfg{};
   cfg.stream = stream;
   cfg.attrs = &pdl;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = plan.arch >= 90 ? 1 : 0;  // PDL exists from sm_90
   if (grid > 0) {
     prepare(k);
     cfg.gridDim = dim3(static_cast<unsigned>(grid));

@@ -82,8 +82,8 @@ TEST(Dispatch, CpuPlansTakeTheCpuFamilies) {
   EXPECT_THROW(detail::choose_family(cpu, F::fp8_tma), Error);
 }
 
-TEST(Dispatch, DeviceWithoutARowIsUnsupported) {
-  for (const int arch : {80, 89, 100, 120}) {
+TEST(Dispatch, GpusBeforeAmpereAreUnsupported) {
+  for (const int arch : {70, 75}) {
     const DispatchKey k = key_for(KvFormat::bf16, 16, false, 64, false, false, 0, arch);
     try {
       detail::choose_family(k, F::automatic);
@@ -94,6 +94,50 @@ TEST(Dispatch, DeviceWithoutARowIsUnsupported) {
           << e.what();
     }
   }
+}
+
+// Every GPU from sm_80 but sm_90 runs the portable family for every key; fp8_e4m3 caches with
+// fast scores run its fp8-product form where the tensor cores multiply e4m3 (sm_89, sm_12x).
+TEST(Dispatch, EveryOtherGpuFromAmpereRunsThePortableFamily) {
+  int checked = 0;
+  for (const int arch : {80, 86, 87, 89, 100, 103, 110, 120, 121}) {
+    const bool fp8_mma = arch == 89 || arch >= 120;
+    for (const KvFormat f : {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::fp8_e4m3_block})
+      for (const int rows : {16, 64})
+        for (const bool sparse : {false, true})
+          for (const int page : {1, 16, 64})
+            for (const bool exact : {false, true}) {
+              const DispatchKey k = key_for(f, rows, sparse, page, false, exact, 0, arch);
+              const F want = fp8_mma && f == KvFormat::fp8_e4m3 && !exact ? F::portable_fp8
+                                                                           : F::portable;
+              EXPECT_EQ(detail::choose_family(k, F::automatic), want)
+                  << "sm_" << arch << " " << format_name(f) << " rows " << rows;
+              ++checked;
+            }
+  }
+  EXPECT_EQ(checked, 9 * 3 * 2 * 2 * 3 * 2);
+}
+
+TEST(Dispatch, HopperMayForceThePortableFamily) {
+  for (const KvFormat f : {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::fp8_e4m3_block})
+    for (const int rows : {16, 64})
+      for (const bool sparse : {false, true}) {
+        const DispatchKey k = key_for(f, rows, sparse, 1, false, false, 0);
+        EXPECT_NE(detail::choose_family(k, F::automatic), F::portable);
+        EXPECT_EQ(detail::choose_family(k, F::portable), F::portable);
+        if (f == KvFormat::fp8_e4m3 && rows == 16)
+          EXPECT_EQ(detail::choose_family(k, F::portable_fp8), F::portable_fp8);
+        else
+          EXPECT_THROW(detail::choose_family(k, F::portable_fp8), Error);
+      }
+  // fp8 products: not for exact scores, nor where mma.sync has no e4m3 form (sm_80, sm_86).
+  EXPECT_THROW(
+      detail::choose_family(key_for(KvFormat::fp8_e4m3, 16, false, 1, false, true, 0), F::portable_fp8),
+      Error);
+  for (const int arch : {80, 86})
+    EXPECT_THROW(detail::choose_family(key_for(KvFormat::fp8_e4m3, 16, false, 1, false, false, 0, arch),
+                                       F::portable_fp8),
+                 Error);
 }
 
 TEST(Dispatch, ForcedFamilyServesOrIsNamed) {

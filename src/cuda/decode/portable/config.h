@@ -40,10 +40,9 @@ struct Config {
                                  : F == KvFormat::bf16 && MT < 4 ? 1152 + 64
                                                                  : 1152 + 16;
   static constexpr int kQBytes = (kScores == Scores::e4m3 ? 2 : 1) * kRows * kQPitch;
-  // P: fp16 (fp8_e4m3), bf16 (bf16) or fp32 (the block format: each warp scales it by its
-  // columns' block scales before the products).
-  static constexpr int kPElem = F == KvFormat::fp8_e4m3_block ? 4 : 2;
-  static constexpr int kPPitch = (kBlockN + (kPElem == 2 ? 8 : 4)) * kPElem;
+  // P: bf16 for bf16 caches, else fp16 (the block format's warps multiply it by their
+  // columns' block scales on the way into the products).
+  static constexpr int kPPitch = (kBlockN + 8) * 2;
   static constexpr int kPBytes = kRows * kPPitch;
   static constexpr int kXchBytes = 4 * 32 * 16 * 2;  // S halves exchanged between warp pairs
   static constexpr int kPXBytes = kPBytes > kXchBytes ? kPBytes : kXchBytes;  // P and exchange
@@ -58,8 +57,9 @@ struct Config {
   static constexpr int kStages0 = (kFlags + 2 * kBlockN + 15) / 16 * 16;
   static constexpr int bytes(int stages) { return kStages0 + stages * kStageBytes; }
   static_assert(bytes(1) <= kMaxSmem, "one stage fits every target");
-  // Two CTAs an SM where two stages of both fit (sm_90 / sm_100: 227 KB): 128 registers.
-  static constexpr int kMinBlocks = MT == 1 && F != KvFormat::bf16 ? 2 : 1;
+  // Two CTAs an SM for fp8_e4m3 at 16 rows, whose two stages fit twice in sm_90 / sm_100's
+  // 227 KB: 128 registers (the block format needs a few more).
+  static constexpr int kMinBlocks = MT == 1 && F == KvFormat::fp8_e4m3 && kScores == Scores::f16 ? 2 : 1;
 };
 
 }  // namespace fp8mla::detail::portable

@@ -103,8 +103,9 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const WorkTile& t,
     std::uint32_t w[4];
     words(v, w);
     if constexpr (kScores == Scores::e4m3) {
-      // q = hi + lo / 16 with hi = e4m3(q), lo = e4m3(16 (q - hi)): exact for |q| >= 2^-6 after
-      // the row scale (|q - hi| is at most 8 units of q's last place).
+      // q = hi + lo with hi = e4m3(q), lo = e4m3(q - hi): after the row scale (max |q| in
+      // [2^7, 2^8)) q keeps ~8 significant bits down to 2^-9 (lo's smallest subnormal), and
+      // both terms multiply into one accumulator.
       std::uint32_t hi[2], lo[2];
 #pragma unroll
       for (int k = 0; k < 2; ++k) {
@@ -115,8 +116,8 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const WorkTile& t,
           const float2 q = make_float2(f.x * scale, f.y * scale);
           h2[i] = __nv_cvt_float2_to_fp8x2(q, __NV_SATFINITE, __NV_E4M3);
           const float2 hf = fp8x2_to_float2(h2[i]);
-          l2[i] = __nv_cvt_float2_to_fp8x2(make_float2(16.0f * (q.x - hf.x), 16.0f * (q.y - hf.y)),
-                                           __NV_SATFINITE, __NV_E4M3);
+          l2[i] = __nv_cvt_float2_to_fp8x2(make_float2(q.x - hf.x, q.y - hf.y), __NV_SATFINITE,
+                                           __NV_E4M3);
         }
         hi[k] = h2[0] | static_cast<std::uint32_t>(h2[1]) << 16;
         lo[k] = l2[0] | static_cast<std::uint32_t>(l2[1]) << 16;
@@ -151,44 +152,47 @@ __device__ __forceinline__ void half_scores(const DecodeParams& p, const std::ui
   const std::uint8_t* qb = qa + 8 * C::kQPitch;
   float nope[2][2][4] = {}, pe[2][4] = {};  // [n-tile][chain or 128-dim block]
   if constexpr (kScores == Scores::e4m3) {
-    // Q's hi and lo terms multiply the same codes; s = S_hi + S_lo / 16.
+    // Q's hi and lo terms multiply the same codes into the same accumulators. At 64 rows the
+    // two n-tiles go one after the other (their O holds 128 registers), re-reading Q.
     constexpr int kLo = C::kRows * C::kQPitch;
-    float pe_lo[2][4] = {};
+    constexpr int kPasses = MT == 4 ? 2 : 1;
 #pragma unroll
-    for (int G = 0; G < 5; ++G) {  // four 64-dim nope groups, then the rope's 32 dims
-      const int d0 = G < 4 ? 256 * h + 64 * G + 16 * tq : 512 + 32 * h + 8 * tq;
-      const int steps = G < 4 ? 2 : 1;
-      std::uint32_t ha[4], hb[4], la[4], lb[4], k[2][4];
-      if (G < 4) {
-        words(*reinterpret_cast<const uint4*>(qa + d0), ha);
-        words(*reinterpret_cast<const uint4*>(qb + d0), hb);
-        words(*reinterpret_cast<const uint4*>(qa + kLo + d0), la);
-        words(*reinterpret_cast<const uint4*>(qb + kLo + d0), lb);
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int n0 = kPasses == 2 ? pass : 0, n1 = kPasses == 2 ? pass + 1 : 2;
 #pragma unroll
-        for (int n = 0; n < 2; ++n) words(*reinterpret_cast<const uint4*>(krow[n] + d0), k[n]);
-      } else {
-        const uint2 a2 = *reinterpret_cast<const uint2*>(qa + d0);
-        const uint2 b2 = *reinterpret_cast<const uint2*>(qb + d0);
-        const uint2 la2 = *reinterpret_cast<const uint2*>(qa + kLo + d0);
-        const uint2 lb2 = *reinterpret_cast<const uint2*>(qb + kLo + d0);
-        ha[0] = a2.x, ha[1] = a2.y, hb[0] = b2.x, hb[1] = b2.y;
-        la[0] = la2.x, la[1] = la2.y, lb[0] = lb2.x, lb[1] = lb2.y;
+      for (int G = 0; G < 5; ++G) {  // four 64-dim nope groups, then the rope's 32 dims
+        const int d0 = G < 4 ? 256 * h + 64 * G + 16 * tq : 512 + 32 * h + 8 * tq;
+        std::uint32_t ha[4], hb[4], la[4], lb[4], k[2][4];
+        if (G < 4) {
+          words(*reinterpret_cast<const uint4*>(qa + d0), ha);
+          words(*reinterpret_cast<const uint4*>(qb + d0), hb);
+          words(*reinterpret_cast<const uint4*>(qa + kLo + d0), la);
+          words(*reinterpret_cast<const uint4*>(qb + kLo + d0), lb);
 #pragma unroll
-        for (int n = 0; n < 2; ++n) {
-          const uint2 k2 = *reinterpret_cast<const uint2*>(krow[n] + d0);
-          k[n][0] = k2.x, k[n][1] = k2.y;
+          for (int n = n0; n < n1; ++n) words(*reinterpret_cast<const uint4*>(krow[n] + d0), k[n]);
+        } else {
+          const uint2 a2 = *reinterpret_cast<const uint2*>(qa + d0);
+          const uint2 b2 = *reinterpret_cast<const uint2*>(qb + d0);
+          const uint2 la2 = *reinterpret_cast<const uint2*>(qa + kLo + d0);
+          const uint2 lb2 = *reinterpret_cast<const uint2*>(qb + kLo + d0);
+          ha[0] = a2.x, ha[1] = a2.y, hb[0] = b2.x, hb[1] = b2.y;
+          la[0] = la2.x, la[1] = la2.y, lb[0] = lb2.x, lb[1] = lb2.y;
+#pragma unroll
+          for (int n = n0; n < n1; ++n) {
+            const uint2 k2 = *reinterpret_cast<const uint2*>(krow[n] + d0);
+            k[n][0] = k2.x, k[n][1] = k2.y;
+          }
         }
-      }
 #pragma unroll
-      for (int j = 0; j < steps; ++j) {
-        const std::uint32_t ah[4] = {ha[2 * j], hb[2 * j], ha[2 * j + 1], hb[2 * j + 1]};
-        const std::uint32_t al[4] = {la[2 * j], lb[2 * j], la[2 * j + 1], lb[2 * j + 1]};
+        for (int j = 0; j < (G < 4 ? 2 : 1); ++j) {
+          const std::uint32_t ah[4] = {ha[2 * j], hb[2 * j], ha[2 * j + 1], hb[2 * j + 1]};
+          const std::uint32_t al[4] = {la[2 * j], lb[2 * j], la[2 * j + 1], lb[2 * j + 1]};
 #pragma unroll
-        for (int n = 0; n < 2; ++n) {
-          float(&hi)[4] = G < 4 ? nope[n][0] : pe[n];
-          float(&lo)[4] = G < 4 ? nope[n][1] : pe_lo[n];
-          mma_16832_e4m3(hi, ah, k[n][2 * j], k[n][2 * j + 1]);
-          mma_16832_e4m3(lo, al, k[n][2 * j], k[n][2 * j + 1]);
+          for (int n = n0; n < n1; ++n) {
+            float(&acc)[4] = G < 4 ? nope[n][j] : pe[n];
+            mma_16832_e4m3(acc, ah, k[n][2 * j], k[n][2 * j + 1]);
+            mma_16832_e4m3(acc, al, k[n][2 * j], k[n][2 * j + 1]);
+          }
         }
       }
     }
@@ -196,9 +200,8 @@ __device__ __forceinline__ void half_scores(const DecodeParams& p, const std::ui
     for (int n = 0; n < 2; ++n)
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        sp[n][i] = ((nope[n][0][i] + 0.0625f * nope[n][1][i]) * p.scale_nope +
-                    (pe[n][i] + 0.0625f * pe_lo[n][i]) * p.scale_pe) *
-                   q_inv[i / 2];
+        sp[n][i] =
+            ((nope[n][0][i] + nope[n][1][i]) * p.scale_nope + pe[n][i] * p.scale_pe) * q_inv[i / 2];
   } else if constexpr (F == KvFormat::bf16) {
     // bf16 codes as stored: 16 bytes are 8 dims, two k-steps.
 #pragma unroll
@@ -368,16 +371,38 @@ __device__ __forceinline__ void write_row(const DecodeParams& p, const WorkTile&
   }
 }
 
+// Whether this compilation's architecture runs fp8 products at `rows` rows: sm_89 and sm_12x in
+// hardware; sm_90 and sm_100 (where ptxas emulates mma.sync e4m3 with fp16 products) at 16 rows
+// only, which is how the GPU tests exercise the form on Hopper (at 32 and 64 rows the emulation
+// spills registers); never below sm_89. The dispatch table asks for no other.
+template <int MT>
+__device__ constexpr bool fp8_products_compiled() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 890 || __CUDA_ARCH__ >= 1200)
+  return true;
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return MT == 1;
+#else
+  return false;
+#endif
+}
+
+template <KvFormat F, int MT, Scores kScores>
+__device__ __forceinline__ void portable_decode(const DecodeParams& p);
+
 template <KvFormat F, int MT, Scores kScores>
 __global__ void __launch_bounds__(kThreads, Config<F, MT, kScores>::kMinBlocks)
     portable_decode_kernel(const DecodeParams p) {
+  if constexpr (kScores == Scores::e4m3 && !fp8_products_compiled<MT>()) {
+    __trap();
+  } else {
+    portable_decode<F, MT, kScores>(p);
+  }
+}
+
+template <KvFormat F, int MT, Scores kScores>
+__device__ __forceinline__ void portable_decode(const DecodeParams& p) {
   using C = Config<F, MT, kScores>;
   constexpr int kBlockN = C::kBlockN;
-  if constexpr (kScores == Scores::e4m3) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
-    __trap();  // the launcher never picks fp8 products below sm_89
-#endif
-  }
   DeviceTile tile;
   if (!decode::load_tile(p, tile)) return;
   decode::begin_after_previous_kernel();
@@ -490,11 +515,7 @@ __global__ void __launch_bounds__(kThreads, Config<F, MT, kScores>::kMinBlocks)
       const int row = rg + 8 * r;
       const float pa = fast_exp2(s[2 * r] - base_s[r]), pb = fast_exp2(s[2 * r + 1] - base_s[r]);
       float sum;
-      if constexpr (C::kPElem == 4) {
-        float* pr = reinterpret_cast<float*>(p_s + row * C::kPPitch);
-        pr[tok_a] = pa, pr[tok_b] = pb;
-        sum = pa + pb;
-      } else if constexpr (F == KvFormat::bf16) {
+      if constexpr (F == KvFormat::bf16) {
         const __nv_bfloat16 ra = __float2bfloat16_rn(pa), rb = __float2bfloat16_rn(pb);
         __nv_bfloat16* pr = reinterpret_cast<__nv_bfloat16*>(p_s + row * C::kPPitch);
         pr[tok_a] = ra, pr[tok_b] = rb;
@@ -557,28 +578,28 @@ __global__ void __launch_bounds__(kThreads, Config<F, MT, kScores>::kMinBlocks)
         const int tk = 16 * kk + 2 * tq;
         std::uint32_t b0[8], b1[8];
         v_fragments(raw + 64 * warp + 8 * g, C::kPitch, tk, b0, b1);
-        // Block format: P times each token's scale of this warp's block, over vmax (fp16 in
-        // [-1, 1]); ratio[k] for tokens tk, tk + 1, tk + 8, tk + 9.
-        float ratio[4] = {};
+        // Block format: P times each token's scale of this warp's block over vmax (in
+        // [-1, 1]): the pairs of tokens tk, tk + 1 and tk + 8, tk + 9.
+        std::uint32_t ratio[2] = {};
         if constexpr (F == KvFormat::fp8_e4m3_block) {
           const float inv = vmax > 0.0f ? 1.0f / vmax : 0.0f;
-#pragma unroll
-          for (int k = 0; k < 4; ++k)
-            ratio[k] = *reinterpret_cast<const float*>(raw + (tk + k % 2 + 8 * (k / 2)) * C::kPitch +
-                                                       512 + 4 * (warp / 2)) *
-                       inv;
+          auto scale_of = [&](int tok) {
+            return *reinterpret_cast<const float*>(raw + tok * C::kPitch + 512 + 4 * (warp / 2)) *
+                   inv;
+          };
+          ratio[0] = float2_to_half2(scale_of(tk), scale_of(tk + 1));
+          ratio[1] = float2_to_half2(scale_of(tk + 8), scale_of(tk + 9));
         }
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
           std::uint32_t a[4];
-          if constexpr (F == KvFormat::fp8_e4m3) {
-            ldmatrix_x4(a, p_s + (16 * m + lane % 16) * C::kPPitch + 2 * (16 * kk + (lane / 16) * 8));
-          } else {
+          ldmatrix_x4(a, p_s + (16 * m + lane % 16) * C::kPPitch + 2 * (16 * kk + (lane / 16) * 8));
+          if constexpr (F == KvFormat::fp8_e4m3_block) {
 #pragma unroll
-            for (int q = 0; q < 4; ++q) {  // a0: row g, tokens tk, tk+1; a1: row g+8; a2, a3: tk+8
-              const float2 pv = *reinterpret_cast<const float2*>(
-                  p_s + (16 * m + g + 8 * (q % 2)) * C::kPPitch + 4 * (tk + 8 * (q / 2)));
-              a[q] = float2_to_half2(pv.x * ratio[2 * (q / 2)], pv.y * ratio[2 * (q / 2) + 1]);
+            for (int q = 0; q < 4; ++q) {  // a0, a1: tokens tk, tk + 1; a2, a3: tk + 8, tk + 9
+              const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&a[q]),
+                                        *reinterpret_cast<const __half2*>(&ratio[q / 2]));
+              a[q] = *reinterpret_cast<const std::uint32_t*>(&v);
             }
           }
 #pragma unroll
