@@ -1,0 +1,68 @@
+"""fp8mla as a peer: its FlashInfer-style wrapper on the dense cases (one wrapper a timed call, as
+each call has its own page table) and its sparse mode (fp8mla.plan(..., topk, sparse_indices),
+-1 entries in place; one plan, the call's indices passed to run()).
+
+prepare(inputs) returns one callable a timed call; each launches that call's attention on
+torch's current stream into inputs.out. Works on any device fp8mla serves (the CPU backend with
+CPU tensors: the CPU smoke test runs it there).
+"""
+
+
+def load():
+    """(module, description); raises ImportError (with the reason) when fp8mla is missing."""
+    import fp8mla
+
+    where = getattr(fp8mla, "__file__", "?")
+    return fp8mla, f"fp8mla {fp8mla.version()} ({where}; cuda_available {fp8mla.cuda_available()})"
+
+
+class Fp8mlaPeer:
+    name = "fp8mla"
+
+    def __init__(self, module):
+        self.fp8mla = module
+
+    def prepare(self, inputs):
+        if inputs.case.kind == "dense":
+            return self._dense(inputs)
+        return self._sparse(inputs)
+
+    def _dense(self, inp):
+        torch = inp.torch
+        c = inp.case
+        qo_indptr = torch.arange(c.bs + 1, dtype=torch.int32)
+        kv_indptr = torch.from_numpy(inp.kv_indptr)
+        kv_len = torch.from_numpy(inp.kv_len)
+        workspace = torch.empty(1, dtype=torch.uint8, device=inp.device)  # its device only
+        runs = []
+        for table in inp.tables_dev:
+            w = self.fp8mla.BatchMLAPagedAttentionWrapper(workspace, num_pages=inp.pool_pages)
+            w.plan(qo_indptr, kv_indptr, table, kv_len, c.heads, 512, 64, c.page, False,
+                   inp.sm_scale, torch.bfloat16, torch.float8_e4m3fn)
+
+            def run(w=w):
+                w.run(inp.q_nope, inp.q_pe, inp.ckv, inp.kpe, out=inp.out,
+                      ckv_scale=inp.ckv_scale, kpe_scale=inp.kpe_scale)
+
+            runs.append(run)
+        return runs
+
+    def _sparse(self, inp):
+        import numpy as np
+
+        c = inp.case
+        plan = self.fp8mla.plan(
+            np.arange(c.bs + 1, dtype=np.int32), None, None, None, num_heads=c.heads,
+            page_size=c.page, num_pages=inp.pool_pages, sm_scale=inp.sm_scale,
+            kv_format="fp8_e4m3", causal=False, topk=c.ctx, sparse_indices=inp.rows[0],
+            device=str(inp.device))
+        runs = []
+        for rows in inp.rows_dev:
+
+            def run(rows=rows):
+                self.fp8mla.run(plan, inp.q_nope, inp.q_pe, inp.ckv, inp.kpe, out=inp.out,
+                                ckv_scale=inp.ckv_scale, kpe_scale=inp.kpe_scale,
+                                sparse_indices=rows)
+
+            runs.append(run)
+        return runs
