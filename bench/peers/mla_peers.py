@@ -129,7 +129,10 @@ def run_case(torch, case, pool, peers, args, ceilings, timer, sync):
             sync()
             got, finite = inputs.output_rows(requests)
             err = ref.rel_l2(got, ref_o)
-            note = f"plan {prep_s:.1f} s" if prep_s >= 1.0 else ""
+            notes = [f"kernel {peer.kernel_name}"] if getattr(peer, "kernel_name", None) else []
+            if prep_s >= 1.0:
+                notes.append(f"plan {prep_s:.1f} s")
+            note = ", ".join(notes)
             if not finite or not err <= report.CHECK_REL_L2:
                 why = "unwritten or NaN output elements" if not finite else \
                     f"rel_l2 {err:.2e} > {report.CHECK_REL_L2}"

@@ -21,6 +21,10 @@ class Fp8mlaPeer:
 
     def __init__(self, module):
         self.fp8mla = module
+        self.kernel_name = None  # the kernel family the last prepare()'s plans launch
+
+    def _note_kernel(self, plan):
+        self.kernel_name = getattr(plan, "kernel_name", None)
 
     def prepare(self, inputs):
         if inputs.case.kind == "dense":
@@ -39,6 +43,7 @@ class Fp8mlaPeer:
             w = self.fp8mla.BatchMLAPagedAttentionWrapper(workspace, num_pages=inp.pool_pages)
             w.plan(qo_indptr, kv_indptr, table, kv_len, c.heads, 512, 64, c.page, False,
                    inp.sm_scale, torch.bfloat16, torch.float8_e4m3fn)
+            self._note_kernel(w.plan_info)
 
             def run(w=w):
                 w.run(inp.q_nope, inp.q_pe, inp.ckv, inp.kpe, out=inp.out,
@@ -56,6 +61,7 @@ class Fp8mlaPeer:
             page_size=c.page, num_pages=inp.pool_pages, sm_scale=inp.sm_scale,
             kv_format="fp8_e4m3", causal=False, topk=c.ctx, sparse_indices=inp.rows[0],
             device=str(inp.device))
+        self._note_kernel(plan)
         runs = []
         for rows in inp.rows_dev:
 

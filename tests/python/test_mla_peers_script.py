@@ -262,6 +262,8 @@ def test_run_case_reports_every_peer(monkeypatch):
     assert list(by) == list(peers) and timed == [2]
     assert by["fp8mla"]["status"] == "ok" and by["fp8mla"]["us"] == 123.0
     assert by["fp8mla"]["check_rel_l2"] < 5e-3 and by["fp8mla"]["gbs"] > 0
+    if hasattr(peer_fp8mla.load()[0].Plan, "kernel_name"):
+        assert by["fp8mla"]["note"].startswith("kernel ")  # the family fp8mla's plan chose
     assert by["wrong"]["status"].startswith("wrong: rel_l2") and by["wrong"]["us"] is None
     assert by["unwritten"]["status"].startswith("wrong: unwritten")
     assert by["failing"]["status"] == "error: ValueError: num_heads: 128 is not supported"
