@@ -110,10 +110,14 @@ def run_case(torch, case, pool, peers, args, ceilings, timer, sync):
     import peers_inputs
 
     rows = []
-    inputs = peers_inputs.CaseInputs(torch, case, pool, args.calls, args.seed + hash_case(case),
-                                     args.invalid_frac)
-    requests = pc.check_requests(case.bs)
-    ref_o, _ = inputs.reference(requests)
+    try:
+        inputs = peers_inputs.CaseInputs(torch, case, pool, args.calls,
+                                         args.seed + hash_case(case), args.invalid_frac)
+        requests = pc.check_requests(case.bs)
+        ref_o, _ = inputs.reference(requests)
+    except Exception as e:  # the case's inputs (e.g. a pool too small for one call)
+        why = f"error: inputs: {type(e).__name__}: {first_line(e)}"
+        return [report.row(case, name, why) for name in args.peer_list]
     for name in args.peer_list:
         peer, desc = peers[name]
         if peer is None:

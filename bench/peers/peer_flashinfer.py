@@ -19,11 +19,13 @@ WORKSPACE_BYTES = 128 << 20  # FlashInfer's usual float workspace
 
 
 def load():
-    """(module, description); raises ImportError (with the reason) when FlashInfer or its MLA
-    wrapper is missing."""
+    """(module, description); raises ImportError or AttributeError (with the reason) when
+    FlashInfer or its MLA wrapper is missing."""
     import flashinfer
-    from flashinfer.mla import BatchMLAPagedAttentionWrapper, MLAPlanMetadata  # noqa: F401
+    import flashinfer.mla
 
+    for name in ("BatchMLAPagedAttentionWrapper", "MLAPlanMetadata"):
+        getattr(flashinfer.mla, name)  # AttributeError names what this FlashInfer lacks
     return flashinfer, f"flashinfer {flashinfer.__version__} ({flashinfer.__file__})"
 
 

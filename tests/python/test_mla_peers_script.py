@@ -268,6 +268,13 @@ def test_run_case_reports_every_peer(monkeypatch):
     assert by["unwritten"]["status"].startswith("wrong: unwritten")
     assert by["failing"]["status"] == "error: ValueError: num_heads: 128 is not supported"
     assert by["missing"]["status"] == "not importable: ImportError: x"
+    # A case whose inputs cannot be made (one call needs more pages than the pool has) is
+    # reported for every peer.
+    big = pc.Case("dense", 8, 8, 4096, 64)
+    rows = mla_peers.run_case(torch, big, pool, peers, args, {"read_ceiling_gbs": 1.0}, timer,
+                              lambda: None)
+    assert [r["peer"] for r in rows] == list(peers)
+    assert all(r["status"].startswith("error: inputs: ValueError: one call needs") for r in rows)
 
 
 def test_pool_codes_are_finite_and_scaled():
