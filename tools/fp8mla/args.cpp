@@ -178,6 +178,12 @@ void ArgParser::add_choice_list(std::string name, std::vector<std::string>* out,
       });
 }
 
+void ArgParser::add_positional(std::string metavar, std::string* out, std::string help) {
+  positional_metavar_ = std::move(metavar);
+  positional_help_ = std::move(help);
+  positional_ = out;
+}
+
 ArgParser::Option* ArgParser::find(std::string_view name) {
   for (Option& o : options_) {
     if (o.name == name) return &o;
@@ -215,6 +221,10 @@ bool ArgParser::parse(std::span<const std::string_view> args) {
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string_view arg = args[i];
     if (arg.size() < 3 || arg.substr(0, 2) != "--") {
+      if (positional_ != nullptr && positional_->empty() && !arg.empty() && arg != "-") {
+        *positional_ = std::string(arg);
+        continue;
+      }
       fail("unexpected argument '" + std::string(arg) + "'");
     }
     std::string_view name = arg.substr(2);
@@ -247,6 +257,7 @@ bool ArgParser::parse(std::span<const std::string_view> args) {
     o->set(value);
     o->seen = true;
   }
+  if (positional_ != nullptr && positional_->empty()) fail("expected " + positional_metavar_);
   return true;
 }
 
@@ -277,7 +288,14 @@ static void wrap_into(std::ostringstream& os, const std::string& text, std::size
 
 std::string ArgParser::help() const {
   std::ostringstream os;
-  os << "usage: " << command_ << " [options]\n\n" << summary_ << "\n\noptions:\n";
+  os << "usage: " << command_ << (positional_ != nullptr ? " " + positional_metavar_ : "")
+     << " [options]\n\n" << summary_ << "\n\n";
+  if (positional_ != nullptr) {
+    os << "arguments:\n  " << positional_metavar_ << "  ";
+    wrap_into(os, positional_help_, positional_metavar_.size() + 4);
+    os << "\n\n";
+  }
+  os << "options:\n";
   std::vector<std::string> heads;
   std::size_t width = 0;
   for (const Option& o : options_) {

@@ -39,6 +39,8 @@ class ArgParser {
   // Comma-separated values, each one of `choices`.
   void add_choice_list(std::string name, std::vector<std::string>* out,
                        std::vector<std::string> choices, std::string help);
+  // One positional argument (a file), named `metavar` in the usage line; required when set.
+  void add_positional(std::string metavar, std::string* out, std::string help);
   // Replaces the "(default: ...)" text of an option whose default depends on other options.
   void set_default_text(std::string_view name, std::string text);
   // Free text appended to --help (examples, notes).
@@ -76,6 +78,8 @@ class ArgParser {
   std::string summary_;
   std::string epilog_;
   std::vector<Option> options_;
+  std::string positional_metavar_, positional_help_;
+  std::string* positional_ = nullptr;
 };
 
 // Parses a whole decimal integer (no trailing text); false when it is not one or overflows.

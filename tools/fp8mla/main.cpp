@@ -24,6 +24,8 @@ constexpr const char* kUsage =
     "            three ways (cast the whole pool / gather then cast / native FP8); runs with\n"
     "            no arguments\n"
     "  bench     benchmark decode: the GPU grid on a CUDA device, else the CPU fast path\n"
+    "  audit     read a PyTorch profiler trace of a serving engine: time by category per decode\n"
+    "            step, and the KV cache cast to bf16 before attention, if there is one\n"
     "  help      show this help, or a command's: fp8mla help demo\n"
     "\n"
     "options:\n"
@@ -51,8 +53,9 @@ const char* error_code_name(fp8mla::ErrorCode code) {
 int dispatch(std::string_view command, std::span<const std::string_view> rest) {
   if (command == "demo") return fp8mla::cli::run_demo(rest);
   if (command == "bench") return fp8mla::cli::run_bench(rest);
+  if (command == "audit") return fp8mla::cli::run_audit(rest);
   throw fp8mla::cli::UsageError("fp8mla: unknown command '" + std::string(command) +
-                                "': expected demo, bench or help (see 'fp8mla --help')");
+                                "': expected demo, bench, audit or help (see 'fp8mla --help')");
 }
 
 }  // namespace
