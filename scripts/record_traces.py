@@ -61,8 +61,9 @@ def parse_args(argv):
     p.add_argument("--no-shapes", action="store_true",
                    help="record without record_shapes (traces then carry times only)")
     p.add_argument("--seed", type=int, default=1, help="default: 1")
-    p.add_argument("--threads", type=int, default=0,
-                   help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads, 0 for torch's choice (default: 1: on a busy 2-core "
+                        "machine more threads made the small GEMMs 20x slower)")
     args = p.parse_args(argv)
     args.strategies = [s for s in args.strategies.split(",") if s]
     for s in args.strategies:
@@ -154,33 +155,46 @@ def profiler_numbers(torch, prof, args, strategy):
             steps.append(dict(start_us=e.time_range.start,
                               end_us=e.time_range.end, cpu_us=e.cpu_time_total))
     steps.sort(key=lambda s: s["start_us"])
-    pool_shape = [args.pool, 1, DIM_QK]
 
-    def is_kv_cast(e):
-        if e.name != "aten::to" or not e.input_shapes:
-            return False
-        shape = list(e.input_shapes[0])
-        if strategy == "cast":
-            return shape == pool_shape
-        if strategy == "gather":
-            return len(shape) == 3 and shape[1:] == [1, DIM_QK] and shape[0] != args.pool
-        return False
+    # Without record_shapes the event list has no shapes either: the KV casts are then told by
+    # their order (the cast before each attention call), as the script made them.
+    def top_level(e):
+        return e.cpu_parent is None or e.cpu_parent.name.startswith("ProfilerStep")
+
+    def kv_ops(step_events):
+        casts, gathers = [], []
+        ordered = sorted((e for e in step_events if top_level(e)),
+                         key=lambda e: e.time_range.start)
+        for i, e in enumerate(ordered):
+            if e.name != "fp8mla::mla_decode" or strategy == "native":
+                continue
+            # The last aten::to before the call made the cache it reads (the append's cast of
+            # the new token comes before it).
+            j = max((k for k in range(i) if ordered[k].name == "aten::to"), default=-1)
+            if j < 0:
+                continue
+            casts.append(ordered[j])
+            if strategy == "gather" and j > 0 and ordered[j - 1].name == "aten::index":
+                gathers.append(ordered[j - 1])
+        return casts, gathers
 
     def device_time(e):
         return getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
 
     for s in steps:
-        casts = [e for e in events if is_kv_cast(e)
-                 and s["start_us"] <= e.time_range.start < s["end_us"]]
+        inside = [e for e in events if s["start_us"] <= e.time_range.start < s["end_us"]
+                  and not e.name.startswith("ProfilerStep")]
+        casts, gathers = kv_ops(inside)
         # aten::to's time includes its children (aten::_to_copy, aten::copy_).
         s["kv_casts"] = len(casts)
         s["kv_cast_cpu_us"] = sum(e.cpu_time_total for e in casts)
+        s["kv_gather_cpu_us"] = sum(e.cpu_time_total for e in gathers)
         if cuda:
             s["kv_cast_device_us"] = sum(device_time(e) for e in casts)
-        if casts:
-            shape = list(casts[0].input_shapes[0])
+            s["kv_gather_device_us"] = sum(device_time(e) for e in gathers)
+        if casts and casts[0].input_shapes and casts[0].input_shapes[0]:
             elems = 1
-            for n in shape:
+            for n in casts[0].input_shapes[0]:
                 elems *= n
             s["kv_cast_bytes_each"] = elems * (1 + 2)  # read fp8, write bf16
     return dict(strategy=strategy, device=args.device, torch=torch.__version__,

@@ -12,13 +12,16 @@ using cli::format_bytes;
 using cli::format_count;
 using cli::format_fixed;
 
+// Byte counts as whole numbers (-1: not recorded).
+std::int64_t whole(double bytes) { return bytes < 0 ? -1 : static_cast<std::int64_t>(bytes + 0.5); }
+
 std::string ms(double us) {
   const double v = us / 1e3;
   return format_fixed(v, v < 10 ? 3 : v < 1000 ? 2 : 1);
 }
 
-std::string pct(double part, double whole) {
-  return whole > 0 ? format_fixed(100 * part / whole, 1) + "%" : "-";
+std::string pct(double part, double total) {
+  return total > 0 ? format_fixed(100 * part / total, 1) + "%" : "-";
 }
 
 // Means over the steps.
@@ -191,12 +194,13 @@ void write_report_json(const Audit& a, const std::string& path) {
   for (std::size_t i = 0; i < t.steps.size(); ++i) {
     const Step& s = t.steps[i];
     const KvCastStep& ks = kv.steps[i];
-    j.begin_object().value("label", s.label).value("start_us", s.start);
+    j.begin_object().value("label", s.label);
+    j.value("start_ms", (s.start - t.steps.front().start) / 1e3);  // from the first step's start
     j.value("wall_ms", s.wall() / 1e3).value("busy_ms", s.busy / 1e3);
     j.value("attention_calls", s.attention_calls);
     categories(s.by_category);
     j.value("kv_casts", ks.casts).value("kv_cast_ms", ks.cast_us / 1e3);
-    j.value("kv_gather_ms", ks.gather_us / 1e3).value("kv_cast_bytes", ks.bytes);
+    j.value("kv_gather_ms", ks.gather_us / 1e3).value("kv_cast_bytes", whole(ks.bytes));
     j.value("kv_share", ks.share).end_object();
   }
   j.end_array();
@@ -209,12 +213,12 @@ void write_report_json(const Audit& a, const std::string& path) {
     j.value("kind", kv.kind).value("name", kv.name).value("op", kv.op);
     j.value("fp8_source", kv.fp8_source).value("per_step", kv.per_step);
     j.value("attention_per_step", kv.attention_per_step);
-    j.value("bytes_each", kv.bytes_each).value("out_bytes_each", kv.out_bytes_each);
+    j.value("bytes_each", whole(kv.bytes_each)).value("out_bytes_each", whole(kv.out_bytes_each));
     j.value("kv_ratio", kv.kv_ratio).value("ms_each", kv.us_each / 1e3);
     j.value("cast_ms_per_step", kv.cast_us_per_step / 1e3);
     j.value("gather_ms_per_step", kv.gather_us_per_step / 1e3).value("share", kv.share);
     j.value("save_ms_per_step", kv.save_us_per_step / 1e3);
-    j.value("save_bytes_per_step", kv.save_bytes_per_step);
+    j.value("save_bytes_per_step", whole(kv.save_bytes_per_step));
     j.value("steps_with_pattern", kv.steps_with_pattern);
   }
   j.end_object();

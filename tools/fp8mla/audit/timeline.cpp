@@ -1,6 +1,7 @@
 #include "tools/fp8mla/audit/timeline.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <unordered_map>
 #include <unordered_set>
@@ -177,8 +178,28 @@ std::vector<double> launch_times(const Trace& trace, const std::vector<WorkItem>
   return launch;
 }
 
+// Where one step ends and the next begins between two attention calls: in the middle of the
+// longest idle time between them (sampling and scheduling leave the device idle), or of the
+// whole gap when nothing runs in it.
+double boundary(const std::vector<WorkItem>& items, const WorkItem& a, const WorkItem& b) {
+  double best_len = -1, best_at = (a.end() + b.start) / 2;
+  double busy_until = a.end();
+  for (const WorkItem& w : items) {  // sorted by start
+    if (w.start < a.end()) continue;
+    if (w.start >= b.start) break;
+    if (w.start - busy_until > best_len) {
+      best_len = w.start - busy_until;
+      best_at = (busy_until + w.start) / 2;
+    }
+    busy_until = std::max(busy_until, w.end());
+  }
+  if (b.start - busy_until > best_len) best_at = (busy_until + b.start) / 2;
+  return best_at;
+}
+
 // Steps from the repeating attention pattern: a step boundary is a gap between consecutive
-// attention calls (on the lane with the most of them) far longer than the typical one.
+// attention calls (on the lane with the most of them) on the long side of the natural break in
+// the gaps; the steps so cut must mostly hold the same number of calls.
 std::vector<std::pair<double, double>> pattern_steps(const std::vector<WorkItem>& items) {
   std::unordered_map<std::uint32_t, int> per_lane;
   for (const WorkItem& w : items)
@@ -194,12 +215,22 @@ std::vector<std::pair<double, double>> pattern_steps(const std::vector<WorkItem>
   if (att.size() < 4) return {};
   std::vector<double> gaps;
   for (std::size_t i = 1; i < att.size(); ++i) gaps.push_back(att[i]->start - att[i - 1]->end());
+  // The natural break in the sorted gaps: the largest ratio between neighbours, with the
+  // larger side (step boundaries) the smaller group.
   std::vector<double> sorted = gaps;
-  std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
-  const double typical = std::max(sorted[sorted.size() / 2], 1e-3);
+  std::sort(sorted.begin(), sorted.end());
+  double best = 1, threshold = 0;
+  for (std::size_t i = (sorted.size() + 1) / 2; i < sorted.size(); ++i) {
+    const double lo = std::max(sorted[i - 1], 1e-3), hi = std::max(sorted[i], 1e-3);
+    if (hi / lo > best) {
+      best = hi / lo;
+      threshold = std::sqrt(lo * hi);
+    }
+  }
+  if (best < 1.3) return {};
   std::vector<std::size_t> firsts = {0};  // first attention call of each step
   for (std::size_t i = 0; i < gaps.size(); ++i)
-    if (gaps[i] > 4 * typical) firsts.push_back(i + 1);
+    if (gaps[i] > threshold) firsts.push_back(i + 1);
   if (firsts.size() < 2) return {};
   // Calls a step: the most common count; partial steps at either end are dropped.
   std::vector<std::size_t> counts;
@@ -222,9 +253,9 @@ std::vector<std::pair<double, double>> pattern_steps(const std::vector<WorkItem>
     if (counts[s] != mode) continue;
     const std::size_t first = firsts[s];
     const std::size_t last = first + counts[s] - 1;
-    // The boundary sits in the middle of the long gap on either side.
-    const double begin = first == 0 ? t0 : (att[first - 1]->end() + att[first]->start) / 2;
-    const double end = last + 1 >= att.size() ? t1 : (att[last]->end() + att[last + 1]->start) / 2;
+    const double begin = first == 0 ? t0 : boundary(items, *att[first - 1], *att[first]);
+    const double end =
+        last + 1 >= att.size() ? t1 : boundary(items, *att[last], *att[last + 1]);
     steps.emplace_back(begin, end);
   }
   return steps;

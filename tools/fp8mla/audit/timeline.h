@@ -10,8 +10,8 @@
 //
 // Steps: the profiler's ProfilerStep#N markers when the trace has them (a GPU item belongs to
 // the step whose marker spans its launch); else the repeating pattern of attention calls (a
-// step ends where the gap between two attention calls is several times the usual one); else
-// the whole trace is one step.
+// step ends at the gaps between two attention calls that stand out as longer than the rest);
+// else the whole trace is one step.
 #pragma once
 
 #include <array>

@@ -168,6 +168,11 @@ void TraceFramer::process(const char* p, std::size_t n) {
           }
           ++i;
           break;
+        } else if (static_cast<unsigned char>(c) < 0x20) {
+          // JSON strings escape control characters; the parser would say so without a place.
+          fail(offset_ + static_cast<std::int64_t>(i),
+               quoted(c) + " inside a string: control characters must be escaped in JSON" +
+                   event_context());
         } else if (key_capture_ && key_.size() < 64) {
           key_ += c;
         }
