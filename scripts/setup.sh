@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Installs what building fp8mla needs (Debian/Ubuntu packages: cmake, ninja-build, g++,
-# libgtest-dev), then configures and builds it in build/. Idempotent: installs only what is
-# missing, and a second run only rebuilds what changed.
+# Installs what building fp8mla needs (Debian/Ubuntu packages: cmake, ninja-build, g++, libgtest-dev;
+# libsimdjson-dev, zlib1g-dev for `fp8mla audit`), then configures and builds it in build/.
+# Idempotent: installs only what is missing, and a second run only rebuilds what changed.
 #
 #   bash scripts/setup.sh              # packages + configure + build
 #   bash scripts/setup.sh --deps-only  # packages only (what .ci/run uses before scripts/test.sh)
@@ -29,9 +29,13 @@ command -v cmake >/dev/null 2>&1 || missing+=(cmake)
 command -v ninja >/dev/null 2>&1 || missing+=(ninja-build)
 command -v g++ >/dev/null 2>&1 || missing+=(g++)
 if command -v dpkg-query >/dev/null 2>&1; then
-  has_pkg libgtest-dev || missing+=(libgtest-dev)
-elif [ ! -f /usr/include/gtest/gtest.h ]; then
-  missing+=(libgtest-dev)
+  for pkg in libgtest-dev libsimdjson-dev zlib1g-dev; do
+    has_pkg "$pkg" || missing+=("$pkg")
+  done
+else
+  [ -f /usr/include/gtest/gtest.h ] || missing+=(libgtest-dev)
+  [ -f /usr/include/simdjson.h ] || missing+=(libsimdjson-dev)
+  [ -f /usr/include/zlib.h ] || missing+=(zlib1g-dev)
 fi
 
 if [ ${#missing[@]} -gt 0 ]; then
@@ -49,7 +53,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   "${sudo[@]}" apt-get update -qq
   "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 else
-  log "packages present: cmake ninja-build g++ libgtest-dev"
+  log "packages present: cmake ninja-build g++ libgtest-dev libsimdjson-dev zlib1g-dev"
 fi
 
 # CMake >= 3.25 (Debian 12 ships 3.25.1).
