@@ -54,7 +54,8 @@ done_phase consumer
 
 if [ -f tests/python/run.sh ]; then
   phase "python tests (tests/python/run.sh)"
-  bash tests/python/run.sh
+  # The command the trace tests run `fp8mla audit` with.
+  FP8MLA_CLI="$root/$build_dir/tools/fp8mla/fp8mla" bash tests/python/run.sh
   done_phase python
 fi
 

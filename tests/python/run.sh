@@ -10,6 +10,8 @@
 # Environment:
 #   FP8MLA_PY_CUDA=AUTO|ON|OFF CUDA backend of the module's build (default OFF; a separate
 #                             name so CI's FP8MLA_CUDA for the C++ build does not leak in)
+#   FP8MLA_PY_TORCH=0         do not install torch (tests/python/requirements-torch.txt) into the
+#                             venv: the tests that need it skip
 #   FP8MLA_PY_OFFLINE=1       no venv and no downloads: use $PYTHON (default python3) as it is
 #                             (it must already have nanobind, scikit-build-core, numpy, pytest;
 #                             torch for the GPU tests), e.g. on a device without network;
@@ -37,6 +39,10 @@ if [[ "${FP8MLA_PY_OFFLINE:-0}" != "1" ]]; then
   echo "== installing test dependencies"
   "$python" -m pip install --disable-pip-version-check -q \
     numpy pytest "nanobind>=2.2" "scikit-build-core>=0.10"
+  if [[ "${FP8MLA_PY_TORCH:-1}" != "0" ]]; then
+    echo "== installing torch (tests/python/requirements-torch.txt)"
+    "$python" -m pip install --disable-pip-version-check -q -r tests/python/requirements-torch.txt
+  fi
 else
   # Installing into an interpreter as it is (maybe a distribution's, marked externally managed).
   export PIP_BREAK_SYSTEM_PACKAGES=1

@@ -1,6 +1,6 @@
 """torch integration on the CPU backend (torch CPU tensors): the wrapper, SGLang's call
 sequence with torch.float8_e4m3fn pool views, the custom op (opcheck) and torch.compile.
-Skipped when torch is not installed (CI installs only numpy; the device session has torch)."""
+Skipped when torch is not installed (tests/python/run.sh installs it unless FP8MLA_PY_TORCH=0)."""
 
 import pytest
 
