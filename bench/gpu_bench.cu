@@ -374,6 +374,18 @@ int run_gpu_bench(const GpuBenchOptions& o) {
                 p.replan_device_us);
   }
   if (!o.json_path.empty()) write_json(o.json_path, ceil, all, plans);
+  if (o.summary != nullptr) {
+    cudaDeviceProp prop{};
+    (void)cudaGetDeviceProperties(&prop, 0);
+    o.summary->device = prop.name;
+    o.summary->copy_gbs = ceil.copy_gbs;
+    o.summary->read_gbs = ceil.read_gbs;
+    o.summary->matmul_tfs = ceil.matmul_tfs;
+    for (const CaseResult& r : all) {
+      o.summary->cases.push_back({r.batch, r.heads, r.context, r.qo_len, r.page_size, r.format,
+                                  r.strategy, "", r.us, r.gbs, r.tfs});
+    }
+  }
   FP8MLA_CUDA_CHECK(cudaStreamDestroy(s));
   return 0;
 }

@@ -17,6 +17,20 @@ inline double causal_attention_flops(double tokens, int requests, int qo, int he
   return (q * tokens - requests * q * (q - 1) / 2) * heads * 2.0 * (576 + 512);
 }
 
+// The figures of a run, for `fp8mla bench --plot` (the same as its JSON).
+struct GpuBenchCase {
+  int batch = 0, heads = 0, context = 0, qo_len = 1, page_size = 0;
+  KvFormat format = KvFormat::fp8_e4m3;
+  std::string strategy;  // native | cast_pool | gather_cast
+  std::string kernel;    // the native plan's kernel family, when known
+  double us = 0, gbs = 0, tfs = 0;
+};
+struct GpuBenchSummary {
+  std::string device;
+  double copy_gbs = 0, read_gbs = 0, matmul_tfs = 0;  // measured ceilings (matmul 0: none)
+  std::vector<GpuBenchCase> cases;
+};
+
 struct GpuBenchOptions {
   bool quick = false;        // ~1 minute: fewer cases and repetitions
   std::vector<int> batches;  // empty = the ANCHORS.md grid
@@ -31,6 +45,7 @@ struct GpuBenchOptions {
   int min_chunk_tokens = 0;       // > 0: PlanOptions::min_chunk_tokens of every plan (split tuning)
   bool exact_scores = false;      // PlanOptions::exact_scores of every native plan
   int max_tile_rows = 0;          // PlanOptions::max_tile_rows of every plan (0: 64)
+  GpuBenchSummary* summary = nullptr;  // filled with the run's figures when not null
 };
 
 // Runs the benchmark and prints a table. Returns 0, or throws fp8mla::Error (unsupported

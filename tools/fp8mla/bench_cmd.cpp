@@ -13,6 +13,7 @@
 #include "fp8mla/error.h"
 #include "src/core/backend.h"
 #include "tools/fp8mla/args.h"
+#include "tools/fp8mla/bench_plot.h"
 #include "tools/fp8mla/commands.h"
 #include "tools/fp8mla/cp_launch.h"
 #include "tools/fp8mla/util.h"
@@ -27,6 +28,7 @@ struct BenchOptions {
   std::vector<std::string> formats;
   bool no_baselines = false;
   std::string json;
+  std::string plot;  // --plot: the roofline, as SVG
   bool no_progress = false;
   std::string device = "auto";
   int min_chunk = 0;
@@ -228,6 +230,31 @@ int run_cpu_bench(const BenchOptions& o) {
     j.end_array().end_object();
     j.save(o.json);
   }
+  if (!o.plot.empty()) {
+    RooflineData d;
+    d.title = "fp8mla bench (cpu, " + std::to_string(threads) + " threads): the fast path";
+    d.device = "this CPU";
+    d.read_gbs = measure_cpu_read_gbs(threads);
+    d.note = "bytes: the format's KV bytes of every context token once; gather+cast counts the "
+             "same bytes (it moves more)";
+    for (const CpuCase& c : cases) {
+      const double tb = static_cast<double>(token_bytes(c.format));
+      const double bytes = static_cast<double>(c.tokens) * tb;
+      const double flops = bench::causal_attention_flops(static_cast<double>(c.tokens), c.batch,
+                                                         c.qo_len, c.heads);
+      const std::string label = "bs " + std::to_string(c.batch) + ", " +
+                                std::to_string(c.heads) + " heads, ctx " +
+                                std::to_string(c.context) + ", page " +
+                                std::to_string(c.page_size);
+      d.points.push_back({roofline_series("native", format_name(c.format), ""), flops / bytes,
+                          flops / c.fast_s / 1e12, label});
+      if (c.baseline_s > 0) {
+        d.points.push_back({roofline_series("gather_cast", format_name(c.format), ""),
+                            flops / bytes, flops / c.baseline_s / 1e12, label});
+      }
+    }
+    plot_roofline(d, o.plot);
+  }
   return ok ? 0 : 1;
 }
 
@@ -259,6 +286,10 @@ int run_bench(std::span<const std::string_view> argv) {
   ap.set_default_text("format", "gpu: fp8_e4m3,bf16; cpu: all three");
   ap.add_flag("no-baselines", &o.no_baselines, "skip the cast-pool / gather-then-cast baselines");
   ap.add_string("json", &o.json, "FILE", "also write the results as JSON to FILE");
+  ap.add_string("plot", &o.plot, "FILE.svg",
+                "also draw the roofline to FILE.svg: each case's achieved TF/s at its flops per "
+                "KV byte, against the measured ceilings (GPU: read, copy, bf16 matmul; CPU: a "
+                "streaming read measured here), one series per strategy and format");
   ap.add_flag("no-progress", &o.no_progress, "no progress bar on stderr");
   ap.add_choice("device", &o.device, {"auto", "cpu", "cuda"},
                 "what to benchmark (auto: cuda when a device is visible)");
@@ -298,6 +329,7 @@ int run_bench(std::span<const std::string_view> argv) {
       }
     }
     if (o.no_baselines) throw UsageError("fp8mla bench: --no-baselines: --cp runs no baselines");
+    if (!o.plot.empty()) throw UsageError("fp8mla bench: --plot: not with --cp (it draws the grid)");
     if (o.device == "cpu") throw UsageError("fp8mla bench: --device cpu: --cp runs on CUDA GPUs");
     if (o.cp_rank < 0) return launch_ranks(o.cp, argv);
     if (o.cp_rank >= o.cp)
@@ -342,7 +374,11 @@ int run_bench(std::span<const std::string_view> argv) {
     g.min_chunk_tokens = o.min_chunk;
     g.exact_scores = o.exact_scores;
     g.max_tile_rows = o.max_tile_rows;
-    return bench::run_gpu_bench(g);
+    bench::GpuBenchSummary summary;
+    if (!o.plot.empty()) g.summary = &summary;
+    const int rc = bench::run_gpu_bench(g);
+    if (!o.plot.empty()) plot_roofline(roofline_from_gpu(summary), o.plot);
+    return rc;
   }
   if (o.device == "auto") {
     std::printf("note: the GPU grid needs a CUDA device (%s); running the CPU bench instead\n\n",

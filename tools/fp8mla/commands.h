@@ -10,5 +10,6 @@ namespace fp8mla::cli {
 int run_demo(std::span<const std::string_view> args);
 int run_bench(std::span<const std::string_view> args);
 int run_audit(std::span<const std::string_view> args);
+int run_plot(std::span<const std::string_view> args);
 
 }  // namespace fp8mla::cli

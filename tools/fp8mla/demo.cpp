@@ -21,6 +21,7 @@
 #include "fp8mla/error.h"
 #include "tools/fp8mla/args.h"
 #include "tools/fp8mla/commands.h"
+#include "tools/fp8mla/demo_plot.h"
 #include "tools/fp8mla/util.h"
 #include "tools/fp8mla/workload.h"
 
@@ -50,6 +51,7 @@ struct DemoOptions {
   std::int64_t seed = 1;
   int show_layers = 4;
   std::string json;
+  std::string plot;  // --plot: the three strategies per layer, as SVG
   bool no_progress = false;
 };
 
@@ -170,6 +172,9 @@ int run_demo(std::span<const std::string_view> argv) {
                std::int64_t{1} << 62);
   ap.add_int("show-layers", &o.show_layers, "layers printed before the mean row", 0, 1000);
   ap.add_string("json", &o.json, "FILE", "also write the results as JSON to FILE");
+  ap.add_string("plot", &o.plot, "FILE.svg",
+                "also draw the three strategies per layer (cast or gather stacked under its "
+                "attention, native beside them) and the step's totals to FILE.svg");
   ap.add_flag("no-progress", &o.no_progress, "no progress bar on stderr");
   ap.set_epilog(
       "Exit status: 0 when the three strategies agree, 1 when they do not (or on an error),\n"
@@ -177,7 +182,8 @@ int run_demo(std::span<const std::string_view> argv) {
       "examples:\n"
       "  fp8mla demo\n"
       "  fp8mla demo --model deepseek-v3 --batch 16 --context 8192 --pool 262144\n"
-      "  fp8mla demo --format fp8_e4m3_block --page-size 64 --json demo.json");
+      "  fp8mla demo --format fp8_e4m3_block --page-size 64 --json demo.json\n"
+      "  fp8mla demo --layers 12 --plot demo.svg");
   if (!ap.parse(argv)) return 0;
   if ((o.page_size & (o.page_size - 1)) != 0) {
     throw UsageError("fp8mla demo: --page-size: expected a power of two in [1, 128], got " +
@@ -479,6 +485,25 @@ int run_demo(std::span<const std::string_view> argv) {
     }
     j.end_array().end_object();
     j.save(o.json);
+  }
+  if (!o.plot.empty()) {
+    DemoPlotData d;
+    d.model = std::string(model.display);
+    d.device = gpu ? "cuda:" + std::to_string(wc.device_id)
+                   : "cpu (" + std::to_string(threads) + " threads)";
+    d.format = format_name(wc.format);
+    d.pool_tokens = pool_tokens;
+    d.active_tokens = w.active_tokens;
+    d.batch = w.batch();
+    d.page_size = wc.page_size;
+    d.bytes_cast = bytes1;
+    d.bytes_gather = bytes2;
+    d.bytes_native = bytes3;
+    for (const LayerResult& r : results) {
+      d.layers.push_back({r.cast_s * 1e3, r.cast_attend_s * 1e3, r.gather_s * 1e3,
+                          r.gather_attend_s * 1e3, r.native_s * 1e3});
+    }
+    plot_demo(d, o.plot);
   }
   return ok ? 0 : 1;
 }

@@ -26,6 +26,7 @@ constexpr const char* kUsage =
     "  bench     benchmark decode: the GPU grid on a CUDA device, else the CPU fast path\n"
     "  audit     read a PyTorch profiler trace of a serving engine: time by category per decode\n"
     "            step, and the KV cache cast to bf16 before attention, if there is one\n"
+    "  plot      draw a saved bench or demo run (its --json output) as SVG\n"
     "  help      show this help, or a command's: fp8mla help demo\n"
     "\n"
     "options:\n"
@@ -54,8 +55,9 @@ int dispatch(std::string_view command, std::span<const std::string_view> rest) {
   if (command == "demo") return fp8mla::cli::run_demo(rest);
   if (command == "bench") return fp8mla::cli::run_bench(rest);
   if (command == "audit") return fp8mla::cli::run_audit(rest);
+  if (command == "plot") return fp8mla::cli::run_plot(rest);
   throw fp8mla::cli::UsageError("fp8mla: unknown command '" + std::string(command) +
-                                "': expected demo, bench, audit or help (see 'fp8mla --help')");
+                                "': expected demo, bench, audit, plot or help (see 'fp8mla --help')");
 }
 
 }  // namespace

@@ -20,8 +20,8 @@ Scale Scale::log10(double lo, double hi, double p0, double p1) {
   Scale s;
   lo = std::max(lo, 1e-12);
   hi = std::max(hi, lo * 10);
-  s.lo_ = std::pow(10.0, std::floor(std::log10(lo)));
-  s.hi_ = std::pow(10.0, std::ceil(std::log10(hi)));
+  s.lo_ = lo;
+  s.hi_ = hi;
   s.p0_ = p0;
   s.p1_ = p1;
   s.log_ = true;
@@ -42,7 +42,8 @@ double Scale::operator()(double v) const {
 std::vector<double> Scale::ticks(int approx) const {
   std::vector<double> out;
   if (log_) {
-    for (double v = lo_; v <= hi_ * 1.0001; v *= 10) out.push_back(v);
+    for (double v = std::pow(10.0, std::ceil(std::log10(lo_) - 1e-9)); v <= hi_ * 1.0001; v *= 10)
+      out.push_back(v);
     return out;
   }
   const double raw = (hi_ - lo_) / std::max(approx, 1);

@@ -21,7 +21,7 @@ struct Area {
 class Scale {
  public:
   static Scale linear(double lo, double hi, double p0, double p1);
-  // lo and hi are widened to whole decades.
+  // Ticks at the whole decades inside [lo, hi].
   static Scale log10(double lo, double hi, double p0, double p1);
   double operator()(double v) const;
   // Linear: 1-2-5 steps, about `approx` of them; log: every decade.
