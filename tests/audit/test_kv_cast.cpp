@@ -33,8 +33,8 @@ struct GpuTraceSpec {
   bool markers = true;
 };
 
-// Each layer: GEMM, the new token's append (a tiny cast), [gather], [the KV cast], attention,
-// GEMM. Kernels run on stream 7 a little after their launches (cudaLaunchKernel on the CPU).
+// Each layer: GEMM, the new token's append (a tiny cast and a scatter), [gather], [the KV
+// cast], attention, GEMM. Kernels run on stream 7 a little after their launches (cudaLaunchKernel on the CPU).
 std::string gpu_trace(const GpuTraceSpec& s) {
   std::vector<Ev> ev;
   double cpu = 100, gpu = 150;
@@ -64,6 +64,7 @@ std::string gpu_trace(const GpuTraceSpec& s) {
     for (int layer = 0; layer < s.layers; ++layer) {
       kernel(kGemm, s.gemm_us, "aten::mm");
       kernel(kCastKernel, s.append_us, "aten::copy_");
+      kernel(kIndex, 3, "aten::index_put_");  // the append's scatter: the same kernel as a gather
       if (s.way == Way::gather) kernel(kIndex, s.gather_us, "aten::index");
       if (s.way != Way::native) kernel(kCastKernel, s.cast_us, "aten::copy_");
       kernel(kAttention, s.attention_us, "flashinfer::batch_mla_run");
@@ -106,6 +107,7 @@ TEST(AuditKvCast, PoolCastOnTheGpuWithoutShapes) {
     EXPECT_DOUBLE_EQ(step.by_category[static_cast<int>(Category::gemm)], 2 * s.layers * s.gemm_us);
     EXPECT_DOUBLE_EQ(step.by_category[static_cast<int>(Category::cast_copy)],
                      s.layers * (s.cast_us + s.append_us));
+    EXPECT_DOUBLE_EQ(step.by_category[static_cast<int>(Category::other)], s.layers * 3.0);
   }
   ASSERT_TRUE(r.kv.found);
   EXPECT_EQ(r.kv.kind, "pool");
@@ -116,7 +118,7 @@ TEST(AuditKvCast, PoolCastOnTheGpuWithoutShapes) {
   EXPECT_DOUBLE_EQ(r.kv.us_each, s.cast_us);
   EXPECT_DOUBLE_EQ(r.kv.cast_us_per_step, s.layers * s.cast_us);
   // The step's GPU span: every kernel plus a 2 us gap after each.
-  const double per_layer = 2 * s.gemm_us + s.append_us + s.cast_us + s.attention_us + 5 * 2;
+  const double per_layer = 2 * s.gemm_us + s.append_us + 3 + s.cast_us + s.attention_us + 6 * 2;
   const double wall = s.layers * per_layer - 2;
   EXPECT_NEAR(r.kv.share, s.layers * s.cast_us / wall, 1e-9);
 }

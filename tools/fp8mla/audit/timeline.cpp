@@ -133,13 +133,10 @@ std::vector<WorkItem> gpu_items(const Trace& trace, const CpuOps& ops, const Cat
       const CpuNode* top = node.top >= 0 ? &ops.nodes[static_cast<std::size_t>(node.top)] : nullptr;
       const TraceEvent* top_op = top != nullptr ? &trace.events[top->event] : nullptr;
       w.op = top_op != nullptr ? top_op->name : op.name;
-      if (w.category == Category::other) {
-        if (top != nullptr) {
-          w.category = top->category;
-        } else if (is_gather(trace.name_of(op))) {
-          w.gather = true;
-        }
-      }
+      // The op that launched it says what it is: index_put_ and index launch the same
+      // index_elementwise_kernel, only one of them gathers.
+      w.gather = is_gather(trace.name_of(op));
+      if (w.category == Category::other && top != nullptr) w.category = top->category;
       if (w.category == Category::cast_copy && op.in0.elements >= 0) {
         w.fp8_source = w.fp8_source || op.in0.fp8 || op.in1.fp8;
         if (op.in1.elements >= 0) {  // aten::copy_(dst, src)

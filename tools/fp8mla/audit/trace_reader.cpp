@@ -96,6 +96,7 @@ bool kind_of(std::string_view cat, EventKind* kind) {
   static constexpr Cat kCats[] = {
       {"cpu_op", EventKind::cpu_op},
       {"kernel", EventKind::kernel},
+      {"gpu_kernel", EventKind::kernel},
       {"cuda_runtime", EventKind::runtime},
       {"user_annotation", EventKind::annotation},
       {"gpu_user_annotation", EventKind::gpu_annotation},
