@@ -38,6 +38,7 @@ struct CaseResult {
   std::string strategy;  // native | cast_pool | gather_cast
   double us = 0, gbs = 0, read_pct = 0, tfs = 0, mm_pct = 0;
   double check = -1;  // rel L2 of native vs the gather-then-cast output (same inputs)
+  std::string kernel;  // native: the plan's kernel family (Plan::kernel_name)
 };
 
 Ceilings measure_ceilings(cudaStream_t s, std::uint8_t* big, std::size_t big_bytes) {
@@ -143,6 +144,7 @@ struct CaseRunner {
     std::vector<CaseResult> results;
     auto record = [&](const std::string& strategy, double us) {
       CaseResult r{bs, heads, ctx, qo, ps, f, strategy, us};
+      if (strategy == "native") r.kernel = plans.front().kernel_name();
       r.gbs = bytes / (us * 1e3);
       r.read_pct = 100.0 * r.gbs / ceil.read_gbs;
       r.tfs = flops / (us * 1e6);
@@ -260,7 +262,8 @@ void write_json(const std::string& path, const Ceilings& c, const std::vector<Ca
       << ", \"page_size\": " << r.page_size << ", \"format\": \"" << format_name(r.format)
       << "\", \"strategy\": \"" << r.strategy << "\", \"us\": " << r.us << ", \"gbs\": " << r.gbs
       << ", \"read_pct\": " << r.read_pct << ", \"tfs\": " << r.tfs
-      << ", \"matmul_pct\": " << r.mm_pct << ", \"check_rel_l2\": " << r.check << "}"
+      << ", \"matmul_pct\": " << r.mm_pct << ", \"check_rel_l2\": " << r.check
+      << ", \"kernel\": \"" << r.kernel << "\"}"
       << (i + 1 < rs.size() ? "," : "") << "\n";
   }
   f << "  ],\n  \"plan_host_us\": [\n";
@@ -383,7 +386,7 @@ int run_gpu_bench(const GpuBenchOptions& o) {
     o.summary->matmul_tfs = ceil.matmul_tfs;
     for (const CaseResult& r : all) {
       o.summary->cases.push_back({r.batch, r.heads, r.context, r.qo_len, r.page_size, r.format,
-                                  r.strategy, "", r.us, r.gbs, r.tfs});
+                                  r.strategy, r.kernel, r.us, r.gbs, r.tfs});
     }
   }
   FP8MLA_CUDA_CHECK(cudaStreamDestroy(s));

@@ -22,7 +22,7 @@ struct GpuBenchCase {
   int batch = 0, heads = 0, context = 0, qo_len = 1, page_size = 0;
   KvFormat format = KvFormat::fp8_e4m3;
   std::string strategy;  // native | cast_pool | gather_cast
-  std::string kernel;    // the native plan's kernel family, when known
+  std::string kernel;    // native: the plan's kernel family (Plan::kernel_name)
   double us = 0, gbs = 0, tfs = 0;
 };
 struct GpuBenchSummary {
