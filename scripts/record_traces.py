@@ -150,8 +150,10 @@ def profiler_numbers(torch, prof, args, strategy):
     events = prof.events()
     cuda = args.device == "cuda"
     steps = []
+    cpu_type = torch.autograd.DeviceType.CPU
     for e in events:
-        if e.name.startswith("ProfilerStep"):  # "ProfilerStep*" in the event list
+        # "ProfilerStep*" in the event list; on CUDA the GPU timeline repeats it.
+        if e.name.startswith("ProfilerStep") and getattr(e, "device_type", cpu_type) == cpu_type:
             steps.append(dict(start_us=e.time_range.start,
                               end_us=e.time_range.end, cpu_us=e.cpu_time_total))
     steps.sort(key=lambda s: s["start_us"])

@@ -31,6 +31,8 @@ struct GpuTraceSpec {
   int steps = 4, layers = 6;
   double cast_us = 900, attention_us = 200, gemm_us = 150, append_us = 4, gather_us = 60;
   bool markers = true;
+  bool shapes = false;  // record_shapes on the CPU ops that launch the kernels
+  long long pool = 65536;
 };
 
 // Each layer: GEMM, the new token's append (a tiny cast and a scatter), [gather], [the KV
@@ -39,9 +41,15 @@ std::string gpu_trace(const GpuTraceSpec& s) {
   std::vector<Ev> ev;
   double cpu = 100, gpu = 150;
   std::int64_t id = 1;
-  auto kernel = [&](const std::string& name, double dur, const std::string& op) {
+  const std::string pool = std::to_string(s.pool);
+  auto kernel = [&](const std::string& name, double dur, const std::string& op,
+                    const std::string& shapes = "", const std::string& types = "") {
     Ev o{"cpu_op", op, cpu, 3};
     o.external_id = id;
+    if (s.shapes) {
+      o.shapes = shapes;
+      o.types = types;
+    }
     ev.push_back(o);
     Ev r{"cuda_runtime", "cudaLaunchKernel", cpu + 1, 2};
     r.correlation = id;
@@ -62,12 +70,18 @@ std::string gpu_trace(const GpuTraceSpec& s) {
     const std::size_t marker = ev.size();
     ev.push_back({"user_annotation", "ProfilerStep#" + std::to_string(step + 1), step_start, 0});
     for (int layer = 0; layer < s.layers; ++layer) {
+      const std::string fp8_to_bf16 = "[\"c10::BFloat16\", \"c10::Float8_e4m3fn\", \"Scalar\"]";
       kernel(kGemm, s.gemm_us, "aten::mm");
-      kernel(kCastKernel, s.append_us, "aten::copy_");
+      kernel(kCastKernel, s.append_us, "aten::copy_", "[[4, 576], [4, 576], []]", fp8_to_bf16);
       kernel(kIndex, 3, "aten::index_put_");  // the append's scatter: the same kernel as a gather
       if (s.way == Way::gather) kernel(kIndex, s.gather_us, "aten::index");
-      if (s.way != Way::native) kernel(kCastKernel, s.cast_us, "aten::copy_");
-      kernel(kAttention, s.attention_us, "flashinfer::batch_mla_run");
+      if (s.way != Way::native) {
+        kernel(kCastKernel, s.cast_us, "aten::copy_",
+               "[[" + pool + ", 1, 576], [" + pool + ", 1, 576], []]", fp8_to_bf16);
+      }
+      kernel(kAttention, s.attention_us, "flashinfer::batch_mla_run",
+             "[[4, 16, 512], [" + pool + ", 1, 512], [" + pool + ", 1, 64]]",
+             "[\"c10::BFloat16\", \"c10::BFloat16\", \"c10::BFloat16\"]");
       kernel(kGemm, s.gemm_us, "aten::mm");
     }
     cpu = std::max(cpu, gpu) + 400;  // sampling and a sync end the step; the next starts later
@@ -121,6 +135,23 @@ TEST(AuditKvCast, PoolCastOnTheGpuWithoutShapes) {
   const double per_layer = 2 * s.gemm_us + s.append_us + 3 + s.cast_us + s.attention_us + 6 * 2;
   const double wall = s.layers * per_layer - 2;
   EXPECT_NEAR(r.kv.share, s.layers * s.cast_us / wall, 1e-9);
+}
+
+TEST(AuditKvCast, PoolCastOnTheGpuWithShapesHasBytes) {
+  GpuTraceSpec s;
+  s.shapes = true;
+  const Result r = audit_text(gpu_trace(s));
+  ASSERT_TRUE(r.kv.found);
+  EXPECT_EQ(r.kv.kind, "pool");
+  const double elems = static_cast<double>(s.pool) * 576;
+  EXPECT_DOUBLE_EQ(r.kv.bytes_each, elems * 3);      // the launching copy_'s src and dst
+  EXPECT_DOUBLE_EQ(r.kv.out_bytes_each, elems * 2);  // against attention's [pool, 1, 512] bf16
+  EXPECT_NEAR(r.kv.kv_ratio, 576.0 / 512, 1e-12);
+  EXPECT_DOUBLE_EQ(r.kv.save_bytes_per_step, s.layers * elems * 3);
+  // Native with shapes: the append's copy of 4 tokens is far smaller than attention's input.
+  s.way = Way::native;
+  s.append_us = 150;  // even as long as attention
+  EXPECT_FALSE(audit_text(gpu_trace(s)).kv.found);
 }
 
 TEST(AuditKvCast, GatherThenCast) {

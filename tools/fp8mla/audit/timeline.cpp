@@ -142,6 +142,9 @@ std::vector<WorkItem> gpu_items(const Trace& trace, const CpuOps& ops, const Cat
         if (op.in1.elements >= 0) {  // aten::copy_(dst, src)
           w.out_bytes = op.in0.bytes();
           w.bytes = op.in0.bytes() + op.in1.bytes();
+        } else if (op.out_dtype_bytes > 0) {  // aten::to(self, dtype) / aten::_to_copy
+          w.out_bytes = static_cast<double>(op.in0.elements) * op.out_dtype_bytes;
+          w.bytes = op.in0.bytes() + w.out_bytes;
         }
         w.in_shape = op.in1.elements >= 0 ? op.in1.shape_hash : op.in0.shape_hash;
       }
