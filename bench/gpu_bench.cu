@@ -37,7 +37,7 @@ struct CaseResult {
   KvFormat format;
   std::string strategy;  // native | cast_pool | gather_cast
   double us = 0, gbs = 0, read_pct = 0, tfs = 0, mm_pct = 0;
-  double check = -1;  // rel L2 of native vs the gather-then-cast output (same inputs)
+  double check = -1;   // rel L2 of native vs the gather-then-cast output (same inputs)
   std::string kernel;  // native: the plan's kernel family (Plan::kernel_name)
 };
 
@@ -262,9 +262,8 @@ void write_json(const std::string& path, const Ceilings& c, const std::vector<Ca
       << ", \"page_size\": " << r.page_size << ", \"format\": \"" << format_name(r.format)
       << "\", \"strategy\": \"" << r.strategy << "\", \"us\": " << r.us << ", \"gbs\": " << r.gbs
       << ", \"read_pct\": " << r.read_pct << ", \"tfs\": " << r.tfs
-      << ", \"matmul_pct\": " << r.mm_pct << ", \"check_rel_l2\": " << r.check
-      << ", \"kernel\": \"" << r.kernel << "\"}"
-      << (i + 1 < rs.size() ? "," : "") << "\n";
+      << ", \"matmul_pct\": " << r.mm_pct << ", \"check_rel_l2\": " << r.check << ", \"kernel\": \""
+      << r.kernel << "\"}" << (i + 1 < rs.size() ? "," : "") << "\n";
   }
   f << "  ],\n  \"plan_host_us\": [\n";
   for (std::size_t i = 0; i < plans.size(); ++i) {

@@ -36,7 +36,8 @@ struct GpuTraceSpec {
 };
 
 // Each layer: GEMM, the new token's append (a tiny cast and a scatter), [gather], [the KV
-// cast], attention, GEMM. Kernels run on stream 7 a little after their launches (cudaLaunchKernel on the CPU).
+// cast], attention, GEMM. Kernels run on stream 7 a little after their launches (cudaLaunchKernel
+// on the CPU).
 std::string gpu_trace(const GpuTraceSpec& s) {
   std::vector<Ev> ev;
   double cpu = 100, gpu = 150;
@@ -209,7 +210,8 @@ TEST(AuditKvCast, UnknownAttentionNeedsItsName) {
   GpuTraceSpec s;
   std::string text = gpu_trace(s);
   // Rename the attention kernel and op to names no rule knows.
-  for (const std::string& from : {std::string(kAttention), std::string("flashinfer::batch_mla_run")}) {
+  for (const std::string& from :
+       {std::string(kAttention), std::string("flashinfer::batch_mla_run")}) {
     for (std::size_t at = text.find(from); at != std::string::npos; at = text.find(from, at)) {
       text.replace(at, from.size(), "my_decode_kernel");
     }
@@ -237,13 +239,16 @@ std::string cpu_trace(double other_cast_bytes_ratio) {
       cast.types = "[\"c10::Float8_e4m3fn\", \"Scalar\", \"Scalar\", \"Scalar\", \"\"]";
       ev.push_back(cast);
       Ev copy{"cpu_op", "aten::copy_", t + 2, 98};
-      copy.shapes = "[[" + std::to_string(rows) + ", 1, 576], [" + std::to_string(rows) + ", 1, 576], []]";
+      copy.shapes =
+          "[[" + std::to_string(rows) + ", 1, 576], [" + std::to_string(rows) + ", 1, 576], []]";
       copy.types = "[\"c10::BFloat16\", \"c10::Float8_e4m3fn\", \"Scalar\"]";
       ev.push_back(copy);
       Ev att{"cpu_op", "fp8mla::mla_decode", t + 110, 20};
-      att.shapes = "[[], [4, 8, 512], [4, 8, 64], [8192, 1, 512], [8192, 1, 64], [4, 8, 512], [], [], []]";
-      att.types = "[\"Scalar\", \"c10::BFloat16\", \"c10::BFloat16\", \"c10::BFloat16\", "
-                  "\"c10::BFloat16\", \"c10::BFloat16\", \"\", \"Scalar\", \"Scalar\"]";
+      att.shapes =
+          "[[], [4, 8, 512], [4, 8, 64], [8192, 1, 512], [8192, 1, 64], [4, 8, 512], [], [], []]";
+      att.types =
+          "[\"Scalar\", \"c10::BFloat16\", \"c10::BFloat16\", \"c10::BFloat16\", "
+          "\"c10::BFloat16\", \"c10::BFloat16\", \"\", \"Scalar\", \"Scalar\"]";
       ev.push_back(att);
       t += 140;
     }

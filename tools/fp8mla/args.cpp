@@ -289,7 +289,8 @@ static void wrap_into(std::ostringstream& os, const std::string& text, std::size
 std::string ArgParser::help() const {
   std::ostringstream os;
   os << "usage: " << command_ << (positional_ != nullptr ? " " + positional_metavar_ : "")
-     << " [options]\n\n" << summary_ << "\n\n";
+     << " [options]\n\n"
+     << summary_ << "\n\n";
   if (positional_ != nullptr) {
     os << "arguments:\n  " << positional_metavar_ << "  ";
     wrap_into(os, positional_help_, positional_metavar_.size() + 4);

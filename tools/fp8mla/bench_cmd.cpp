@@ -235,16 +235,16 @@ int run_cpu_bench(const BenchOptions& o) {
     d.title = "fp8mla bench (cpu, " + std::to_string(threads) + " threads): the fast path";
     d.device = "this CPU";
     d.read_gbs = measure_cpu_read_gbs(threads);
-    d.note = "bytes: the format's KV bytes of every context token once; gather+cast counts the "
-             "same bytes (it moves more)";
+    d.note =
+        "bytes: the format's KV bytes of every context token once; gather+cast counts the "
+        "same bytes (it moves more)";
     for (const CpuCase& c : cases) {
       const double tb = static_cast<double>(token_bytes(c.format));
       const double bytes = static_cast<double>(c.tokens) * tb;
-      const double flops = bench::causal_attention_flops(static_cast<double>(c.tokens), c.batch,
-                                                         c.qo_len, c.heads);
-      const std::string label = "bs " + std::to_string(c.batch) + ", " +
-                                std::to_string(c.heads) + " heads, ctx " +
-                                std::to_string(c.context) + ", page " +
+      const double flops =
+          bench::causal_attention_flops(static_cast<double>(c.tokens), c.batch, c.qo_len, c.heads);
+      const std::string label = "bs " + std::to_string(c.batch) + ", " + std::to_string(c.heads) +
+                                " heads, ctx " + std::to_string(c.context) + ", page " +
                                 std::to_string(c.page_size);
       d.points.push_back({roofline_series("native", format_name(c.format), ""), flops / bytes,
                           flops / c.fast_s / 1e12, label});
@@ -329,7 +329,8 @@ int run_bench(std::span<const std::string_view> argv) {
       }
     }
     if (o.no_baselines) throw UsageError("fp8mla bench: --no-baselines: --cp runs no baselines");
-    if (!o.plot.empty()) throw UsageError("fp8mla bench: --plot: not with --cp (it draws the grid)");
+    if (!o.plot.empty())
+      throw UsageError("fp8mla bench: --plot: not with --cp (it draws the grid)");
     if (o.device == "cpu") throw UsageError("fp8mla bench: --device cpu: --cp runs on CUDA GPUs");
     if (o.cp_rank < 0) return launch_ranks(o.cp, argv);
     if (o.cp_rank >= o.cp)

@@ -30,8 +30,9 @@ RooflineData roofline_from_gpu(const bench::GpuBenchSummary& run) {
   for (const bench::GpuBenchCase& c : run.cases) {
     if (c.gbs <= 0 || c.tfs <= 0) continue;
     char label[160];
-    std::snprintf(label, sizeof label, "bs %d, %d heads, ctx %d, qo %d, page %d: %.1f us, %.0f GB/s, %.1f TF/s",
-                  c.batch, c.heads, c.context, c.qo_len, c.page_size, c.us, c.gbs, c.tfs);
+    std::snprintf(label, sizeof label,
+                  "bs %d, %d heads, ctx %d, qo %d, page %d: %.1f us, %.0f GB/s, %.1f TF/s", c.batch,
+                  c.heads, c.context, c.qo_len, c.page_size, c.us, c.gbs, c.tfs);
     d.points.push_back({roofline_series(c.strategy, format_name(c.format), c.kernel),
                         c.tfs * 1e3 / c.gbs, c.tfs, label});
   }
@@ -64,7 +65,8 @@ double measure_cpu_read_gbs(unsigned threads) {
       });
     }
     for (std::thread& th : pool) th.join();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     best = std::max(best, static_cast<double>(words * sizeof(std::uint64_t)) / s / 1e9);
   }
   volatile std::uint64_t sink = 0;

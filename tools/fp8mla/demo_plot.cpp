@@ -49,15 +49,16 @@ void plot_demo(const DemoPlotData& d, const std::string& path) {
   const svg::Area area{80, 92, kWidth - 80 - 24, 250};
   double top = 0;
   for (const DemoLayerTimes& l : d.layers) {
-    top = std::max({top, l.cast_ms + l.cast_attend_ms, l.gather_ms + l.gather_attend_ms,
-                    l.native_ms});
+    top = std::max(
+        {top, l.cast_ms + l.cast_attend_ms, l.gather_ms + l.gather_attend_ms, l.native_ms});
   }
   const svg::Scale y = svg::Scale::linear(0, std::max(top, 1e-3) * 1.1, area.bottom(), area.y);
   svg::draw_axes(doc, area, nullptr, y, "", "ms a layer");
   svg::TextStyle cap;
   cap.size = 12;
   cap.bold = true;
-  doc.text({area.x, area.y - 10}, "each layer: (1) cast pool + attend, (2) gather + attend, (3) native", cap);
+  doc.text({area.x, area.y - 10},
+           "each layer: (1) cast pool + attend, (2) gather + attend, (3) native", cap);
   const double slot = area.w / static_cast<double>(std::max<std::size_t>(n, 1));
   const double bar = std::min(14.0, slot * 0.28);
   const svg::Style attend{pal::kAttention, "", 1, 1, ""};
@@ -68,8 +69,9 @@ void plot_demo(const DemoPlotData& d, const std::string& path) {
     // (1)
     doc.rect(x0, y(l.cast_ms), bar, y(0) - y(l.cast_ms), {hatch, "", 1, 1, ""},
              layer + "(1) cast " + fmt("%.3f ms", l.cast_ms));
-    doc.rect(x0, y(l.cast_ms + l.cast_attend_ms), bar, y(l.cast_ms) - y(l.cast_ms + l.cast_attend_ms),
-             attend, layer + "(1) attend bf16 " + fmt("%.3f ms", l.cast_attend_ms));
+    doc.rect(x0, y(l.cast_ms + l.cast_attend_ms), bar,
+             y(l.cast_ms) - y(l.cast_ms + l.cast_attend_ms), attend,
+             layer + "(1) attend bf16 " + fmt("%.3f ms", l.cast_attend_ms));
     // (2)
     doc.rect(x0 + bar, y(l.gather_ms), bar, y(0) - y(l.gather_ms), {pal::kGather, "", 1, 1, ""},
              layer + "(2) gather+cast " + fmt("%.3f ms", l.gather_ms));
@@ -87,8 +89,8 @@ void plot_demo(const DemoPlotData& d, const std::string& path) {
   tick.anchor = svg::Anchor::middle;
   tick.fill = "#444";
   for (std::size_t i = 0; i < n; i += every) {
-    doc.text({area.x + slot * (static_cast<double>(i) + 0.5), area.bottom() + 15}, std::to_string(i),
-             tick);
+    doc.text({area.x + slot * (static_cast<double>(i) + 0.5), area.bottom() + 15},
+             std::to_string(i), tick);
   }
   svg::TextStyle xl;
   xl.size = 12;
@@ -104,13 +106,14 @@ void plot_demo(const DemoPlotData& d, const std::string& path) {
     sum.gather_attend_ms += l.gather_attend_ms;
     sum.native_ms += l.native_ms;
   }
-  const double step1 = sum.cast_ms + sum.cast_attend_ms, step2 = sum.gather_ms + sum.gather_attend_ms;
+  const double step1 = sum.cast_ms + sum.cast_attend_ms,
+               step2 = sum.gather_ms + sum.gather_attend_ms;
   const double step3 = sum.native_ms;
   const svg::Area steps{250, 420, kWidth - 250 - 24, 120};
   doc.text({24, steps.y - 14}, "the step (" + std::to_string(n) + " layers)", cap);
   // The longest bar ends at about 70% of the width: its label goes after it.
-  const svg::Scale x = svg::Scale::linear(0, std::max({step1, step2, step3, 1e-3}) * 1.42,
-                                          steps.x, steps.right());
+  const svg::Scale x =
+      svg::Scale::linear(0, std::max({step1, step2, step3, 1e-3}) * 1.42, steps.x, steps.right());
   for (const double v : x.ticks(6)) {
     doc.line({x(v), steps.y}, {x(v), steps.bottom()}, {"", "#e3e3e3", 1, 1, ""});
     doc.text({x(v), steps.bottom() + 15}, svg::tick_label(v), tick);

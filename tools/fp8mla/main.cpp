@@ -56,8 +56,9 @@ int dispatch(std::string_view command, std::span<const std::string_view> rest) {
   if (command == "bench") return fp8mla::cli::run_bench(rest);
   if (command == "audit") return fp8mla::cli::run_audit(rest);
   if (command == "plot") return fp8mla::cli::run_plot(rest);
-  throw fp8mla::cli::UsageError("fp8mla: unknown command '" + std::string(command) +
-                                "': expected demo, bench, audit, plot or help (see 'fp8mla --help')");
+  throw fp8mla::cli::UsageError(
+      "fp8mla: unknown command '" + std::string(command) +
+      "': expected demo, bench, audit, plot or help (see 'fp8mla --help')");
 }
 
 }  // namespace

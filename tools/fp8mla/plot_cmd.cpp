@@ -69,8 +69,9 @@ RooflineData gpu_bench(dom::element doc) {
 RooflineData cpu_bench(dom::element doc) {
   RooflineData d;
   d.title = "fp8mla bench (cpu): the fast path";
-  d.note = "bytes: the format's KV bytes of every context token once (a saved CPU run: no "
-           "ceiling was measured)";
+  d.note =
+      "bytes: the format's KV bytes of every context token once (a saved CPU run: no "
+      "ceiling was measured)";
   dom::array cases;
   if (doc["cases"].get_array().get(cases) == simdjson::SUCCESS) {
     for (dom::element c : cases) {
@@ -79,15 +80,14 @@ RooflineData cpu_bench(dom::element doc) {
       const std::string fmt = text(c, "format");
       const double tb = static_cast<double>(token_bytes(parse_format(fmt)));
       const double tokens = batch * ctx;
-      const double flops = bench::causal_attention_flops(tokens, static_cast<int>(batch),
-                                                         static_cast<int>(qo),
-                                                         static_cast<int>(heads));
+      const double flops = bench::causal_attention_flops(
+          tokens, static_cast<int>(batch), static_cast<int>(qo), static_cast<int>(heads));
       const double us = number(c, "fast_us");
       const std::string label = "bs " + std::to_string(static_cast<int>(batch)) + ", ctx " +
                                 std::to_string(static_cast<int>(ctx));
       if (us > 0) {
-        d.points.push_back({roofline_series("native", fmt, ""), flops / (tokens * tb),
-                            flops / (us * 1e6), label});
+        d.points.push_back(
+            {roofline_series("native", fmt, ""), flops / (tokens * tb), flops / (us * 1e6), label});
       }
       const double g = number(c, "gather_cast_us");
       if (g > 0) {

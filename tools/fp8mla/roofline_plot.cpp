@@ -78,9 +78,8 @@ void plot_roofline(const RooflineData& data, const std::string& path) {
     y_lo = 0.1;
     y_hi = 10;
   }
-  const double ridge = data.read_gbs > 0 && data.matmul_tfs > 0
-                           ? data.matmul_tfs * 1e3 / data.read_gbs
-                           : 0;
+  const double ridge =
+      data.read_gbs > 0 && data.matmul_tfs > 0 ? data.matmul_tfs * 1e3 / data.read_gbs : 0;
   if (ridge > 0) x_hi = std::max(x_hi, ridge * 2);
   if (data.matmul_tfs > 0) y_hi = std::max(y_hi, data.matmul_tfs * 1.5);
   if (data.read_gbs > 0) y_hi = std::max(y_hi, data.read_gbs * x_lo / 1e3);
@@ -127,13 +126,14 @@ void plot_roofline(const RooflineData& data, const std::string& path) {
   // Points, one series at a time (first-seen order), and the legend on the right.
   std::vector<std::string> series;
   for (const RooflinePoint& p : data.points)
-    if (std::find(series.begin(), series.end(), p.series) == series.end()) series.push_back(p.series);
+    if (std::find(series.begin(), series.end(), p.series) == series.end())
+      series.push_back(p.series);
   std::vector<svg::LegendEntry> legend;
   std::vector<std::string> seen;
   for (std::size_t i = 0; i < series.size(); ++i) {
     const SeriesStyle st = style_for(series[i], seen);
-    const svg::Style mark{st.color, st.marker == svg::Marker::cross ? st.color : "#222", 0.6,
-                          0.85, ""};
+    const svg::Style mark{st.color, st.marker == svg::Marker::cross ? st.color : "#222", 0.6, 0.85,
+                          ""};
     int n = 0;
     for (const RooflinePoint& p : data.points) {
       if (p.series != series[i] || p.flops_per_byte <= 0 || p.tflops <= 0) continue;

@@ -23,7 +23,7 @@ struct RooflineData {
   double copy_gbs = 0;    // device copy ceiling (read + write)
   double matmul_tfs = 0;  // bf16 matmul ceiling (0: not measured)
   std::vector<RooflinePoint> points;
-  std::string note;       // one line under the title
+  std::string note;  // one line under the title
 };
 
 // Throws std::runtime_error naming `path` when it cannot be written.

@@ -63,8 +63,8 @@ std::vector<Segment> segments(const Step& step, const KvCastStep& kv, bool gpu) 
   s.push_back({"KV cast", kv_cast, pal::kKvCast, true});
   if (kv_gather > 0) s.push_back({"KV gather", kv_gather, pal::kGather, false});
   const auto cat = [&](Category c) { return step.by_category[static_cast<int>(c)]; };
-  s.push_back({"other casts/copies", std::max(0.0, cat(Category::cast_copy) - kv_cast),
-               pal::kCast});
+  s.push_back(
+      {"other casts/copies", std::max(0.0, cat(Category::cast_copy) - kv_cast), pal::kCast});
   s.push_back({"attention", cat(Category::attention), pal::kAttention});
   s.push_back({"GEMM", cat(Category::gemm), pal::kGemm});
   s.push_back({"comm", cat(Category::communication), pal::kComm});
@@ -115,8 +115,10 @@ void plot_audit(const Trace& trace, const Timeline& timeline, const KvCastFindin
   const svg::Area bars{86, 96, kWidth - 86 - 24, 260};
   double top = 0;
   for (const std::size_t s : shown) top = std::max(top, timeline.steps[s].wall());
-  const svg::Scale y = svg::Scale::linear(0, std::max(top, 1.0) / 1e3 * 1.12, bars.bottom(), bars.y);
-  svg::draw_axes(doc, bars, nullptr, y, "", timeline.gpu ? "GPU time a step (ms)" : "time a step (ms)");
+  const svg::Scale y =
+      svg::Scale::linear(0, std::max(top, 1.0) / 1e3 * 1.12, bars.bottom(), bars.y);
+  svg::draw_axes(doc, bars, nullptr, y, "",
+                 timeline.gpu ? "GPU time a step (ms)" : "time a step (ms)");
   const double slot = bars.w / static_cast<double>(std::max<std::size_t>(shown.size(), 1));
   const double bar_w = std::min(56.0, slot * 0.62);
   const std::string hatch = doc.hatch("kv", "#7f1010", pal::kKvCast);
@@ -171,13 +173,14 @@ void plot_audit(const Trace& trace, const Timeline& timeline, const KvCastFindin
       if (std::find(lanes.begin(), lanes.end(), w.lane) == lanes.end()) lanes.push_back(w.lane);
     if (lanes.size() > 4) lanes.resize(4);
     const double lane_h = line.h / static_cast<double>(std::max<std::size_t>(lanes.size(), 1));
-    const svg::Scale x = svg::Scale::linear(0, std::max(step.wall(), 1.0) / 1e3, line.x, line.right());
+    const svg::Scale x =
+        svg::Scale::linear(0, std::max(step.wall(), 1.0) / 1e3, line.x, line.right());
     svg::TextStyle cap;
     cap.size = 12;
     cap.bold = true;
     doc.text({line.x, line.y - 10},
-             "one step as a timeline (" + step.label + ", the median step): " +
-                 (timeline.gpu ? "GPU streams" : "CPU threads"),
+             "one step as a timeline (" + step.label +
+                 ", the median step): " + (timeline.gpu ? "GPU streams" : "CPU threads"),
              cap);
     doc.rect(line.x, line.y, line.w, line.h, {"#fafafa", "#ddd", 1, 1, ""});
     for (const double v : x.ticks(8)) {
@@ -211,9 +214,9 @@ void plot_audit(const Trace& trace, const Timeline& timeline, const KvCastFindin
       const bool is_kv = marked.count(i) > 0;
       const double x0 = x((w.start - step.start) / 1e3);
       const double x1 = std::max(x((w.end() - step.start) / 1e3), x0 + 0.6);
-      svg::Style st{is_kv ? (w.category == Category::cast_copy ? hatch : pal::kGather)
-                          : color_of(w.category),
-                    is_kv ? "#400" : "", 0.8, 1, ""};
+      svg::Style st{
+          is_kv ? (w.category == Category::cast_copy ? hatch : pal::kGather) : color_of(w.category),
+          is_kv ? "#400" : "", 0.8, 1, ""};
       doc.rect(x0, line.y + lane_h * li + 4, x1 - x0, lane_h - 8, st,
                trace.names[w.name] + ": " + ms_text(w.dur) +
                    (w.bytes > 0 ? ", " + fixed(w.bytes / 1e6, 1) + " MB" : ""));
@@ -223,7 +226,8 @@ void plot_audit(const Trace& trace, const Timeline& timeline, const KvCastFindin
   // ---- legend ----
   std::vector<svg::LegendEntry> legend;
   if (kv.found) legend.push_back({"KV cast (flagged)", {hatch, "#400", 1, 1, ""}});
-  if (kv.found && kv.kind == "gather") legend.push_back({"KV gather", {pal::kGather, "#400", 1, 1, ""}});
+  if (kv.found && kv.kind == "gather")
+    legend.push_back({"KV gather", {pal::kGather, "#400", 1, 1, ""}});
   const std::vector<svg::LegendEntry> rest = {
       {kv.found ? "other casts/copies" : "casts/copies", {pal::kCast, "", 1, 1, ""}},
       {"attention", {pal::kAttention, "", 1, 1, ""}},

@@ -13,7 +13,9 @@ using cli::format_count;
 using cli::format_fixed;
 
 // Byte counts as whole numbers (-1: not recorded).
-std::int64_t whole(double bytes) { return bytes < 0 ? -1 : static_cast<std::int64_t>(bytes + 0.5); }
+std::int64_t whole(double bytes) {
+  return bytes < 0 ? -1 : static_cast<std::int64_t>(bytes + 0.5);
+}
 
 std::string ms(double us) {
   const double v = us / 1e3;
@@ -36,7 +38,8 @@ Means means(const Timeline& t) {
   for (const Step& s : t.steps) {
     m.wall += s.wall() / n;
     m.busy += s.busy / n;
-    for (int c = 0; c < kCategories; ++c) m.by[static_cast<std::size_t>(c)] += s.by_category[static_cast<std::size_t>(c)] / n;
+    for (int c = 0; c < kCategories; ++c)
+      m.by[static_cast<std::size_t>(c)] += s.by_category[static_cast<std::size_t>(c)] / n;
   }
   return m;
 }
@@ -85,13 +88,15 @@ void print_report(const Audit& a, int max_steps) {
   const Timeline& t = a.timeline;
   const KvCastFinding& kv = a.kv;
   std::printf("fp8mla audit: %s\n\n", a.path.c_str());
-  const double mbs = tr.read_seconds > 0 ? static_cast<double>(tr.json_bytes) / tr.read_seconds / 1e6 : 0;
-  std::printf("  read      %s%s, %s events (%s kept) in %.2f s (%.0f MB/s of JSON)\n",
-              format_bytes(static_cast<double>(tr.file_bytes)).c_str(),
-              tr.gzip ? (" gzip = " + format_bytes(static_cast<double>(tr.json_bytes)) + " of JSON").c_str() : " of JSON",
-              format_count(tr.events_seen).c_str(),
-              format_count(static_cast<std::int64_t>(tr.events.size())).c_str(), tr.read_seconds,
-              mbs);
+  const double mbs =
+      tr.read_seconds > 0 ? static_cast<double>(tr.json_bytes) / tr.read_seconds / 1e6 : 0;
+  std::printf(
+      "  read      %s%s, %s events (%s kept) in %.2f s (%.0f MB/s of JSON)\n",
+      format_bytes(static_cast<double>(tr.file_bytes)).c_str(),
+      tr.gzip ? (" gzip = " + format_bytes(static_cast<double>(tr.json_bytes)) + " of JSON").c_str()
+              : " of JSON",
+      format_count(tr.events_seen).c_str(),
+      format_count(static_cast<std::int64_t>(tr.events.size())).c_str(), tr.read_seconds, mbs);
   if (t.gpu) {
     std::printf("  measured  on the GPU%s: kernels, memcpys and memsets (CPU ops only launch)\n",
                 tr.device_name.empty() ? "" : (" (" + tr.device_name + ")").c_str());
@@ -111,7 +116,8 @@ void print_report(const Audit& a, int max_steps) {
   }
 
   std::printf(" %-16s %9s", "step", "time ms");
-  for (const Category c : kAllCategories) std::printf(" %15s", std::string(category_label(c)).c_str());
+  for (const Category c : kAllCategories)
+    std::printf(" %15s", std::string(category_label(c)).c_str());
   std::printf(" %15s\n", "KV cast");
   auto row = [&](const std::string& label, double wall, const std::array<double, kCategories>& by,
                  double kv_us) {
@@ -136,17 +142,19 @@ void print_report(const Audit& a, int max_steps) {
   const Means m = means(t);
   row("mean", m.wall, m.by, kv.found ? kv.save_us_per_step : 0);
   if (t.gpu) {
-    std::printf(" (GPU time: a step spans its first kernel's start to its last kernel's end; busy "
-                "%s ms = %s of it)\n",
-                ms(m.busy).c_str(), pct(m.busy, m.wall).c_str());
+    std::printf(
+        " (GPU time: a step spans its first kernel's start to its last kernel's end; busy "
+        "%s ms = %s of it)\n",
+        ms(m.busy).c_str(), pct(m.busy, m.wall).c_str());
   }
   std::printf("\n");
 
   if (kv.found) {
-    std::printf("KV cast before attention (%s)\n",
-                kv.kind == "gather"
-                    ? "gather then cast: a gather picks the batch's pages, then they are cast"
-                    : "pool cast: nothing gathers before it, so it casts what it is given: the pool");
+    std::printf(
+        "KV cast before attention (%s)\n",
+        kv.kind == "gather"
+            ? "gather then cast: a gather picks the batch's pages, then they are cast"
+            : "pool cast: nothing gathers before it, so it casts what it is given: the pool");
     std::printf("  op          %s%s%s\n", kv.name.c_str(),
                 kv.op != kv.name ? (" (launched by " + kv.op + ")").c_str() : "",
                 kv.fp8_source ? ", FP8 input" : "");
@@ -155,19 +163,21 @@ void print_report(const Audit& a, int max_steps) {
       std::printf(", %s moved", format_bytes(kv.bytes_each).c_str());
       if (kv.out_bytes_each > 0)
         std::printf(" (%s written)", format_bytes(kv.out_bytes_each).c_str());
-      if (kv.kv_ratio > 0)
-        std::printf(", %.2fx the bytes attention is handed", kv.kv_ratio);
+      if (kv.kv_ratio > 0) std::printf(", %.2fx the bytes attention is handed", kv.kv_ratio);
     }
     std::printf("\n  per step    %d casts before %d attention calls: %s ms", kv.per_step,
                 kv.attention_per_step, ms(kv.cast_us_per_step).c_str());
-    if (kv.gather_us_per_step > 0) std::printf(" + %s ms of gathers", ms(kv.gather_us_per_step).c_str());
+    if (kv.gather_us_per_step > 0)
+      std::printf(" + %s ms of gathers", ms(kv.gather_us_per_step).c_str());
     std::printf(" = %s%% of the step (in %d of %zu steps)\n",
                 format_fixed(100 * kv.share, 1).c_str(), kv.steps_with_pattern, t.steps.size());
     std::printf("  native FP8  attention reading the cache as stored needs no cast: saves %s ms",
                 ms(kv.save_us_per_step).c_str());
-    if (kv.save_bytes_per_step > 0) std::printf(" and %s", format_bytes(kv.save_bytes_per_step).c_str());
-    std::printf(" a step\n              (the casts' own time and traffic; attention then also reads "
-                "half the bytes it reads in bf16)\n\n");
+    if (kv.save_bytes_per_step > 0)
+      std::printf(" and %s", format_bytes(kv.save_bytes_per_step).c_str());
+    std::printf(
+        " a step\n              (the casts' own time and traffic; attention then also reads "
+        "half the bytes it reads in bf16)\n\n");
   }
   std::printf("verdict: %s\n", verdict(a).c_str());
 }
@@ -179,7 +189,8 @@ void write_report_json(const Audit& a, const std::string& path) {
   cli::JsonWriter j;
   j.begin_object().value("command", "audit").value("trace", a.path);
   j.value("file_bytes", tr.file_bytes).value("json_bytes", tr.json_bytes).value("gzip", tr.gzip);
-  j.value("events", tr.events_seen).value("events_kept", static_cast<std::int64_t>(tr.events.size()));
+  j.value("events", tr.events_seen)
+      .value("events_kept", static_cast<std::int64_t>(tr.events.size()));
   j.value("read_seconds", tr.read_seconds);
   j.value("measured_on", t.gpu ? "gpu" : "cpu").value("gpu_name", tr.device_name);
   j.value("record_shapes", tr.has_shapes()).value("step_source", t.step_source);

@@ -63,16 +63,31 @@ std::string_view category_key(Category c) {
 
 Category categorize(std::string_view raw, const CategoryRules& rules) {
   const std::string name = lower(raw);
-  if (has_any(name, {"nccl", "all_reduce", "allreduce", "all_gather", "allgather",
-                     "reduce_scatter", "reducescatter", "all_to_all", "alltoall", "c10d::",
-                     "cross_device_reduce", "broadcast_", "send_recv", "_allreduce"})) {
+  if (has_any(name, {"nccl", "all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter",
+                     "reducescatter", "all_to_all", "alltoall", "c10d::", "cross_device_reduce",
+                     "broadcast_", "send_recv", "_allreduce"})) {
     return Category::communication;
   }
-  if (has_any(name, rules.attention) ||
-      has_any(name, {"attention", "attn", "fmha", "mla_decode", "fp8mla", "flashmla", "flash_mla",
-                     "flashinfer::batch", "batchmla", "batch_mla", "mha_fwd", "mha_varlen",
-                     "paged_mqa", "sdpa", "scaled_dot_product", "decode_mla", "mla_fwd",
-                     "splitkv_mla", "flash_fwd", "flashfwd"})) {
+  if (has_any(name, rules.attention) || has_any(name, {"attention",
+                                                       "attn",
+                                                       "fmha",
+                                                       "mla_decode",
+                                                       "fp8mla",
+                                                       "flashmla",
+                                                       "flash_mla",
+                                                       "flashinfer::batch",
+                                                       "batchmla",
+                                                       "batch_mla",
+                                                       "mha_fwd",
+                                                       "mha_varlen",
+                                                       "paged_mqa",
+                                                       "sdpa",
+                                                       "scaled_dot_product",
+                                                       "decode_mla",
+                                                       "mla_fwd",
+                                                       "splitkv_mla",
+                                                       "flash_fwd",
+                                                       "flashfwd"})) {
     return Category::attention;
   }
   if (has_any(name, rules.cast)) return Category::cast_copy;
@@ -86,8 +101,8 @@ Category categorize(std::string_view raw, const CategoryRules& rules) {
   if (is_exact(name, {"aten::copy_", "aten::to", "aten::_to_copy", "aten::_copy_from",
                       "aten::_copy_from_and_resize", "aten::clone", "aten::contiguous",
                       "aten::type_as", "aten::_to_dtype"}) ||
-      has_any(name, {"copy_kernel", "direct_copy", "memcpy", "copy_device_to_device",
-                     "withcast", "_cast_", "cast_kernel", "convert_", "dequant", "quant_"})) {
+      has_any(name, {"copy_kernel", "direct_copy", "memcpy", "copy_device_to_device", "withcast",
+                     "_cast_", "cast_kernel", "convert_", "dequant", "quant_"})) {
     return Category::cast_copy;
   }
   return Category::other;

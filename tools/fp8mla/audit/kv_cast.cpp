@@ -24,8 +24,8 @@ double median(std::vector<double> v) {
 }
 
 struct Candidate {
-  std::size_t cast;    // Step::items index
-  long gather = -1;    // the gather before it, if any
+  std::size_t cast;  // Step::items index
+  long gather = -1;  // the gather before it, if any
   double kv_bytes = -1;
 };
 
@@ -46,15 +46,15 @@ std::vector<Candidate> candidates(const Step& step) {
       const WorkItem& c = step.items[j];
       if (c.category != Category::cast_copy) continue;
       const WorkItem* b = best >= 0 ? &step.items[static_cast<std::size_t>(best)] : nullptr;
-      const bool bigger = b == nullptr || (c.bytes >= 0 && b->bytes >= 0 ? c.bytes > b->bytes
-                                                                         : c.dur > b->dur);
+      const bool bigger =
+          b == nullptr || (c.bytes >= 0 && b->bytes >= 0 ? c.bytes > b->bytes : c.dur > b->dur);
       if (bigger) best = static_cast<long>(j);
     }
     if (best >= 0) {
       const WorkItem& c = step.items[static_cast<std::size_t>(best)];
       const bool sized = c.out_bytes > 0 && w.kv_bytes > 0;
-      const bool big = sized ? c.out_bytes >= kMinKvRatio * w.kv_bytes
-                             : c.dur >= kMinTimeRatio * w.dur;
+      const bool big =
+          sized ? c.out_bytes >= kMinKvRatio * w.kv_bytes : c.dur >= kMinTimeRatio * w.dur;
       if (big) {
         Candidate cand{static_cast<std::size_t>(best), -1, w.kv_bytes};
         for (const std::size_t j : pending) {
@@ -121,7 +121,8 @@ KvCastFinding find_kv_cast(const Trace& trace, const Timeline& timeline) {
     att_counts.push_back(step.attention_calls);
     ++f.steps_with_pattern;
   }
-  if (f.steps_with_pattern == 0 || 2 * f.steps_with_pattern < static_cast<int>(timeline.steps.size())) {
+  if (f.steps_with_pattern == 0 ||
+      2 * f.steps_with_pattern < static_cast<int>(timeline.steps.size())) {
     f.steps_with_pattern = 0;
     for (KvCastStep& ks : f.steps) ks = KvCastStep{};
     return f;
@@ -157,10 +158,9 @@ KvCastFinding find_kv_cast(const Trace& trace, const Timeline& timeline) {
   f.save_us_per_step = f.cast_us_per_step + f.gather_us_per_step;
   if (bytes_known) {
     // The casts' own traffic; a gather before them reads and writes what the cast reads.
-    const double gather_bytes =
-        f.kind == "gather" && f.out_bytes_each > 0 && f.bytes_each > 0
-            ? 2.0 * (f.bytes_each - f.out_bytes_each) * f.per_step
-            : 0.0;
+    const double gather_bytes = f.kind == "gather" && f.out_bytes_each > 0 && f.bytes_each > 0
+                                    ? 2.0 * (f.bytes_each - f.out_bytes_each) * f.per_step
+                                    : 0.0;
     f.save_bytes_per_step = bytes_sum + gather_bytes;
   }
   return f;

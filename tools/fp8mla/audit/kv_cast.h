@@ -26,20 +26,20 @@
 namespace fp8mla::audit {
 
 struct KvCastStep {
-  int casts = 0;           // KV casts in the step
-  double cast_us = 0;      // their time
-  double gather_us = 0;    // the gathers before them (gather kind)
-  double bytes = 0;        // the casts' bytes moved (when recorded)
-  double share = 0;        // (cast_us + gather_us) / the step's wall time
+  int casts = 0;                   // KV casts in the step
+  double cast_us = 0;              // their time
+  double gather_us = 0;            // the gathers before them (gather kind)
+  double bytes = 0;                // the casts' bytes moved (when recorded)
+  double share = 0;                // (cast_us + gather_us) / the step's wall time
   std::vector<std::size_t> items;  // indices into Step::items (casts and their gathers)
 };
 
 struct KvCastFinding {
   bool found = false;
-  std::string kind;        // "pool" or "gather"
-  std::string name;        // the cast's op (CPU) or kernel (GPU) name, the most common one
-  std::string op;          // GPU: the CPU op that launched it
-  int per_step = 0;        // median count a step
+  std::string kind;  // "pool" or "gather"
+  std::string name;  // the cast's op (CPU) or kernel (GPU) name, the most common one
+  std::string op;    // GPU: the CPU op that launched it
+  int per_step = 0;  // median count a step
   int attention_per_step = 0;
   double bytes_each = -1;      // median bytes moved by one cast (read + written), -1: unknown
   double out_bytes_each = -1;  // median bytes it writes

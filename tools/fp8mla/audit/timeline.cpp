@@ -9,7 +9,9 @@
 namespace fp8mla::audit {
 namespace {
 
-bool is_step_marker(const std::string& name) { return name.rfind("ProfilerStep#", 0) == 0; }
+bool is_step_marker(const std::string& name) {
+  return name.rfind("ProfilerStep#", 0) == 0;
+}
 
 // A CPU op as nesting sees it: its category, and the outermost categorised op above it (or
 // itself), which is where its time and bytes are counted.
@@ -20,9 +22,9 @@ struct CpuNode {
 };
 
 struct CpuOps {
-  std::vector<CpuNode> nodes;                             // CPU ops and annotations, nested
-  std::unordered_map<std::int64_t, std::size_t> by_ext;   // External id -> node
-  std::vector<WorkItem> items;                            // CPU work items
+  std::vector<CpuNode> nodes;                            // CPU ops and annotations, nested
+  std::unordered_map<std::int64_t, std::size_t> by_ext;  // External id -> node
+  std::vector<WorkItem> items;                           // CPU work items
 };
 
 // Nests each CPU lane's ops by time and makes one work item per outermost categorised op (and
@@ -112,8 +114,7 @@ CpuOps nest_cpu_ops(const Trace& trace, const CategoryRules& rules) {
 std::vector<WorkItem> gpu_items(const Trace& trace, const CpuOps& ops, const CategoryRules& rules) {
   std::vector<WorkItem> items;
   for (const TraceEvent& e : trace.events) {
-    if (e.kind != EventKind::kernel && e.kind != EventKind::memcpy &&
-        e.kind != EventKind::memset) {
+    if (e.kind != EventKind::kernel && e.kind != EventKind::memcpy && e.kind != EventKind::memset) {
       continue;
     }
     WorkItem w;
@@ -167,8 +168,7 @@ std::vector<double> launch_times(const Trace& trace, const std::vector<WorkItem>
   launch.reserve(items.size());
   std::size_t k = 0;
   for (const TraceEvent& e : trace.events) {
-    if (e.kind != EventKind::kernel && e.kind != EventKind::memcpy &&
-        e.kind != EventKind::memset) {
+    if (e.kind != EventKind::kernel && e.kind != EventKind::memcpy && e.kind != EventKind::memset) {
       continue;
     }
     const auto it = e.correlation >= 0 ? runtime_ts.find(e.correlation) : runtime_ts.end();
@@ -206,9 +206,9 @@ std::vector<std::pair<double, double>> pattern_steps(const std::vector<WorkItem>
     if (w.category == Category::attention) ++per_lane[w.lane];
   if (per_lane.empty()) return {};
   const std::uint32_t lane =
-      std::max_element(per_lane.begin(), per_lane.end(),
-                       [](const auto& a, const auto& b) { return a.second < b.second; })
-          ->first;
+      std::max_element(per_lane.begin(), per_lane.end(), [](const auto& a, const auto& b) {
+        return a.second < b.second;
+      })->first;
   std::vector<const WorkItem*> att;
   for (const WorkItem& w : items)
     if (w.category == Category::attention && w.lane == lane) att.push_back(&w);
@@ -239,11 +239,9 @@ std::vector<std::pair<double, double>> pattern_steps(const std::vector<WorkItem>
   std::unordered_map<std::size_t, int> freq;
   for (const std::size_t c : counts) ++freq[c];
   const std::size_t mode =
-      std::max_element(freq.begin(), freq.end(),
-                       [](const auto& a, const auto& b) {
-                         return a.second < b.second || (a.second == b.second && a.first < b.first);
-                       })
-          ->first;
+      std::max_element(freq.begin(), freq.end(), [](const auto& a, const auto& b) {
+        return a.second < b.second || (a.second == b.second && a.first < b.first);
+      })->first;
   if (freq[mode] < 2 || mode < 2) return {};
   const double t0 = items.front().start;
   double t1 = 0;
@@ -254,8 +252,7 @@ std::vector<std::pair<double, double>> pattern_steps(const std::vector<WorkItem>
     const std::size_t first = firsts[s];
     const std::size_t last = first + counts[s] - 1;
     const double begin = first == 0 ? t0 : boundary(items, *att[first - 1], *att[first]);
-    const double end =
-        last + 1 >= att.size() ? t1 : boundary(items, *att[last], *att[last + 1]);
+    const double end = last + 1 >= att.size() ? t1 : boundary(items, *att[last], *att[last + 1]);
     steps.emplace_back(begin, end);
   }
   return steps;
@@ -333,7 +330,8 @@ Timeline build_timeline(const Trace& trace, const CategoryRules& rules) {
       spans.emplace_back(a, b);
       key.assign(items.size(), a);
     }
-    for (std::size_t i = 0; i < spans.size(); ++i) labels.push_back("step " + std::to_string(i + 1));
+    for (std::size_t i = 0; i < spans.size(); ++i)
+      labels.push_back("step " + std::to_string(i + 1));
   }
 
   t.steps.resize(spans.size());

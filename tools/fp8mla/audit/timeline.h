@@ -30,28 +30,28 @@ struct WorkItem {
   std::uint32_t name = 0;     // the op's or kernel's name (Trace::names)
   std::uint32_t op = 0;       // GPU: the CPU op that launched it (its name); CPU: = name
   Category category = Category::other;
-  bool gather = false;        // picks rows by index (aten::index, a gather kernel)
-  bool fp8_source = false;    // a cast that reads FP8 (its recorded input dtype or its name)
-  double bytes = -1;          // bytes moved (a cast: read + written), -1 when not recorded
-  double out_bytes = -1;      // a cast: bytes written
-  double kv_bytes = -1;       // attention: its largest input (the KV cache it is given)
-  std::uint64_t in_shape = 0; // a cast: its input's shape (hash)
+  bool gather = false;         // picks rows by index (aten::index, a gather kernel)
+  bool fp8_source = false;     // a cast that reads FP8 (its recorded input dtype or its name)
+  double bytes = -1;           // bytes moved (a cast: read + written), -1 when not recorded
+  double out_bytes = -1;       // a cast: bytes written
+  double kv_bytes = -1;        // attention: its largest input (the KV cache it is given)
+  std::uint64_t in_shape = 0;  // a cast: its input's shape (hash)
   double end() const { return start + dur; }
 };
 
 struct Step {
-  std::string label;          // "ProfilerStep#3", or "step 3"
-  double start = 0, end = 0;  // microseconds: the step's span (GPU: its items' span)
-  double busy = 0;            // GPU: time some item runs (the union); CPU: = wall
-  std::vector<WorkItem> items;                   // by start time
+  std::string label;            // "ProfilerStep#3", or "step 3"
+  double start = 0, end = 0;    // microseconds: the step's span (GPU: its items' span)
+  double busy = 0;              // GPU: time some item runs (the union); CPU: = wall
+  std::vector<WorkItem> items;  // by start time
   std::array<double, kCategories> by_category{};  // microseconds
   int attention_calls = 0;
   double wall() const { return end - start; }
 };
 
 struct Timeline {
-  bool gpu = false;           // measured on the GPU (the trace has kernels)
-  std::string step_source;    // how the steps were found, for the report
+  bool gpu = false;         // measured on the GPU (the trace has kernels)
+  std::string step_source;  // how the steps were found, for the report
   std::vector<Step> steps;
 };
 

@@ -30,9 +30,8 @@ bool Trace::has_gpu() const {
 }
 
 bool Trace::has_shapes() const {
-  return record_shapes_flag || std::any_of(events.begin(), events.end(), [](const TraceEvent& e) {
-           return e.in0.elements >= 0;
-         });
+  return record_shapes_flag || std::any_of(events.begin(), events.end(),
+                                           [](const TraceEvent& e) { return e.in0.elements >= 0; });
 }
 
 }  // namespace fp8mla::audit

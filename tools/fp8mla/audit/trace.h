@@ -35,8 +35,8 @@ struct TensorArg {
 };
 
 struct TraceEvent {
-  double ts = 0;   // start, microseconds (the trace's clock)
-  double dur = 0;  // microseconds
+  double ts = 0;           // start, microseconds (the trace's clock)
+  double dur = 0;          // microseconds
   std::uint32_t name = 0;  // Trace::names index
   std::uint32_t lane = 0;  // Trace::lanes index (a CPU thread or a GPU stream)
   EventKind kind = EventKind::cpu_op;

@@ -14,7 +14,9 @@ constexpr std::size_t kMaxSkeletonBytes = std::size_t{64} << 20;
 constexpr std::size_t kMaxEventBytes = std::size_t{256} << 20;
 constexpr std::size_t kPadding = 64;  // simdjson::SIMDJSON_PADDING
 
-bool is_space(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+bool is_space(char c) {
+  return c == ' ' || c == '\n' || c == '\r' || c == '\t';
+}
 
 std::string quoted(char c) {
   if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) {
@@ -251,16 +253,17 @@ void TraceFramer::finish() {
   }
   if (in_string_ || !stack_.empty()) {
     std::string what = "the JSON ends ";
-    what += in_string_ ? "inside a string" : "with " + std::to_string(stack_.size()) +
-                                                  " bracket" + (stack_.size() == 1 ? "" : "s") +
-                                                  " still open";
+    what += in_string_ ? "inside a string"
+                       : "with " + std::to_string(stack_.size()) + " bracket" +
+                             (stack_.size() == 1 ? "" : "s") + " still open";
     what += event_context();
     what += ": the trace is truncated";
     fail(offset_, what);
   }
   if (!found_events_) {
-    fail(0, "no traceEvents array at the top level: not a Chrome trace (torch.profiler's "
-            "export_chrome_trace writes one)");
+    fail(0,
+         "no traceEvents array at the top level: not a Chrome trace (torch.profiler's "
+         "export_chrome_trace writes one)");
   }
 }
 

@@ -65,8 +65,8 @@ class TraceFramer {
 
   Where where_ = Where::before_root;
   Dest dest_ = Dest::skeleton;
-  std::size_t run_start_ = 0;  // chunk index where the current destination's run began
-  std::vector<char> stack_;    // open brackets
+  std::size_t run_start_ = 0;          // chunk index where the current destination's run began
+  std::vector<char> stack_;            // open brackets
   std::vector<std::int64_t> open_at_;  // their offsets
   bool in_string_ = false;
   bool escape_ = false;

@@ -18,7 +18,9 @@ namespace fp8mla::audit {
 
 #if !FP8MLA_HAVE_SIMDJSON
 
-bool trace_reader_built() { return false; }
+bool trace_reader_built() {
+  return false;
+}
 
 Trace read_trace(const std::string&, const ReadOptions&) {
   throw Error(ErrorCode::unsupported, "audit",
@@ -39,16 +41,26 @@ struct DType {
 };
 // record_shapes' "Input type" strings for tensor arguments (c10's C++ type names).
 constexpr DType kDTypes[] = {
-    {"c10::BFloat16", 2, false},       {"c10::Half", 2, false},
-    {"float", 4, false},               {"double", 8, false},
-    {"long int", 8, false},            {"int", 4, false},
-    {"short int", 2, false},           {"signed char", 1, false},
-    {"unsigned char", 1, false},       {"bool", 1, false},
-    {"c10::Float8_e4m3fn", 1, true},   {"c10::Float8_e5m2", 1, true},
-    {"c10::Float8_e4m3fnuz", 1, true}, {"c10::Float8_e5m2fnuz", 1, true},
-    {"c10::Float8_e8m0fnu", 1, true},  {"c10::complex<float>", 8, false},
-    {"c10::complex<double>", 16, false}, {"c10::complex<c10::Half>", 4, false},
-    {"unsigned short", 2, false},      {"unsigned int", 4, false},
+    {"c10::BFloat16", 2, false},
+    {"c10::Half", 2, false},
+    {"float", 4, false},
+    {"double", 8, false},
+    {"long int", 8, false},
+    {"int", 4, false},
+    {"short int", 2, false},
+    {"signed char", 1, false},
+    {"unsigned char", 1, false},
+    {"bool", 1, false},
+    {"c10::Float8_e4m3fn", 1, true},
+    {"c10::Float8_e5m2", 1, true},
+    {"c10::Float8_e4m3fnuz", 1, true},
+    {"c10::Float8_e5m2fnuz", 1, true},
+    {"c10::Float8_e8m0fnu", 1, true},
+    {"c10::complex<float>", 8, false},
+    {"c10::complex<double>", 16, false},
+    {"c10::complex<c10::Half>", 4, false},
+    {"unsigned short", 2, false},
+    {"unsigned int", 4, false},
     {"unsigned long", 8, false},
 };
 
@@ -60,8 +72,8 @@ const DType* find_dtype(std::string_view name) {
 
 // c10::ScalarType's numbering, for aten::to's dtype argument in "Concrete Inputs".
 int scalar_type_bytes(std::string_view text) {
-  constexpr int kBytes[] = {1, 1, 2, 4, 8, 2, 4, 8, 4, 8, 16, 1, 1, 1, 4, 2,
-                            1, 1, 1, 1, 1, 1, 2, 1, 1, 1, 1, 2, 4, 8};
+  constexpr int kBytes[] = {1, 1, 2, 4, 8, 2, 4, 8, 4, 8, 16, 1, 1, 1, 4,
+                            2, 1, 1, 1, 1, 1, 1, 2, 1, 1, 1,  1, 2, 4, 8};
   int v = 0;
   if (text.empty() || text.size() > 2) return 0;
   for (const char c : text) {
@@ -219,8 +231,8 @@ class Reader {
  private:
   std::int64_t location(od::document* doc) const {
     const char* at = nullptr;
-    if (doc != nullptr && doc->current_location().get(at) == simdjson::SUCCESS && at >= json_->data() &&
-        at <= json_->data() + json_->size()) {
+    if (doc != nullptr && doc->current_location().get(at) == simdjson::SUCCESS &&
+        at >= json_->data() && at <= json_->data() + json_->size()) {
       const std::int64_t pos = at - json_->data();
       return offset_ + (pos > 0 ? pos - 1 : 0);  // json[0] is the framer's '['
     }
@@ -262,7 +274,8 @@ class Reader {
     if (v.get_double().get(d) == simdjson::SUCCESS) return static_cast<std::int64_t>(d);
     std::string_view s;
     if (v.get_string().get(s) == simdjson::SUCCESS) {
-      return static_cast<std::int64_t>(std::hash<std::string_view>{}(s) >> 1) | (std::int64_t{1} << 62);
+      return static_cast<std::int64_t>(std::hash<std::string_view>{}(s) >> 1) |
+             (std::int64_t{1} << 62);
     }
     r.fail_at(r.location(doc), "pid/tid is neither a number nor a string");
   }
@@ -398,7 +411,9 @@ class Reader {
 
 }  // namespace
 
-bool trace_reader_built() { return true; }
+bool trace_reader_built() {
+  return true;
+}
 
 Trace read_trace(const std::string& path, const ReadOptions& options) {
   const auto start = std::chrono::steady_clock::now();

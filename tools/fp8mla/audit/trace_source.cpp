@@ -44,7 +44,8 @@ TraceSource::TraceSource(const std::string& path) : path_(path) {
 #if FP8MLA_HAVE_ZLIB
     inflater_ = std::make_unique<Inflater>();
 #else
-    throw TraceError(path + ": gzip-compressed, and this build of fp8mla has no zlib "
+    throw TraceError(path +
+                     ": gzip-compressed, and this build of fp8mla has no zlib "
                      "(install zlib1g-dev and re-run cmake, or gunzip the trace)");
 #endif
   }
@@ -87,10 +88,11 @@ bool TraceSource::read_gzip(std::string& out, std::size_t max) {
       if (got == 0) {
         if (std::ferror(file_)) throw TraceError(path_ + ": read error: " + std::strerror(errno));
         if (!inflater_->member_done) {
-          throw TraceError(path_ + ": the gzip stream ends early at byte " +
-                           std::to_string(bytes_in_) + " of the file (" +
-                           std::to_string(bytes_out_ + static_cast<std::int64_t>(max - z.avail_out)) +
-                           " bytes of JSON inflated): the file is truncated");
+          throw TraceError(
+              path_ + ": the gzip stream ends early at byte " + std::to_string(bytes_in_) +
+              " of the file (" +
+              std::to_string(bytes_out_ + static_cast<std::int64_t>(max - z.avail_out)) +
+              " bytes of JSON inflated): the file is truncated");
         }
         at_end_ = true;
         break;
@@ -119,7 +121,9 @@ bool TraceSource::read_gzip(std::string& out, std::size_t max) {
   return produced > 0 || !at_end_;
 }
 #else
-bool TraceSource::read_gzip(std::string&, std::size_t) { return false; }
+bool TraceSource::read_gzip(std::string&, std::size_t) {
+  return false;
+}
 #endif
 
 }  // namespace fp8mla::audit

@@ -94,8 +94,8 @@ double text_width(std::string_view text, double size) {
   return 0.6 * size * static_cast<double>(text.size());
 }
 
-void draw_axes(Svg& svg, const Area& area, const Scale* x, const Scale& y,
-               std::string_view x_label, std::string_view y_label) {
+void draw_axes(Svg& svg, const Area& area, const Scale* x, const Scale& y, std::string_view x_label,
+               std::string_view y_label) {
   const Style grid{"", "#e3e3e3", 1, 1, ""};
   const Style axis{"", "#555", 1, 1, ""};
   TextStyle tick;
@@ -141,14 +141,15 @@ void draw_marker(Svg& svg, Point at, Marker shape, double size, const Style& sty
       svg.circle(at, r, style, tooltip);
       break;
     case Marker::triangle:
-      svg.polygon({{at.x, at.y - r * 1.15}, {at.x + r * 1.1, at.y + r * 0.8},
+      svg.polygon({{at.x, at.y - r * 1.15},
+                   {at.x + r * 1.1, at.y + r * 0.8},
                    {at.x - r * 1.1, at.y + r * 0.8}},
                   style, tooltip);
       break;
     case Marker::diamond:
-      svg.polygon({{at.x, at.y - r * 1.3}, {at.x + r, at.y}, {at.x, at.y + r * 1.3},
-                   {at.x - r, at.y}},
-                  style, tooltip);
+      svg.polygon(
+          {{at.x, at.y - r * 1.3}, {at.x + r, at.y}, {at.x, at.y + r * 1.3}, {at.x - r, at.y}},
+          style, tooltip);
       break;
     case Marker::cross: {
       Style s = style;

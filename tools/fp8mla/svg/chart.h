@@ -40,8 +40,8 @@ std::string tick_label(double v);
 
 // Frame, ticks, grid lines and labels. `x` may be null for a categorical x axis (bars), whose
 // labels the plot draws itself.
-void draw_axes(Svg& svg, const Area& area, const Scale* x, const Scale& y,
-               std::string_view x_label, std::string_view y_label);
+void draw_axes(Svg& svg, const Area& area, const Scale* x, const Scale& y, std::string_view x_label,
+               std::string_view y_label);
 
 enum class Marker { square, circle, triangle, diamond, cross, line };
 

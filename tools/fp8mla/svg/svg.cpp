@@ -123,13 +123,11 @@ void Svg::text(Point at, std::string_view text, const TextStyle& style) {
   const char* anchor = style.anchor == Anchor::middle ? "middle"
                        : style.anchor == Anchor::end  ? "end"
                                                       : "start";
-  body_ += "<text x=\"" + num(at.x) + "\" y=\"" + num(at.y) + "\" font-size=\"" +
-           num(style.size) + "\" text-anchor=\"" + anchor + "\" fill=\"" + escape(style.fill) +
-           "\"";
+  body_ += "<text x=\"" + num(at.x) + "\" y=\"" + num(at.y) + "\" font-size=\"" + num(style.size) +
+           "\" text-anchor=\"" + anchor + "\" fill=\"" + escape(style.fill) + "\"";
   if (style.bold) body_ += " font-weight=\"bold\"";
   if (style.rotate != 0) {
-    body_ += " transform=\"rotate(" + num(style.rotate) + " " + num(at.x) + " " + num(at.y) +
-             ")\"";
+    body_ += " transform=\"rotate(" + num(style.rotate) + " " + num(at.x) + " " + num(at.y) + ")\"";
   }
   body_.append(">").append(escape(text)).append("</text>\n");
 }
@@ -146,9 +144,9 @@ std::string Svg::hatch(std::string_view id, std::string_view color, std::string_
 std::string Svg::str() const {
   std::string out =
       "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + num(width_) + "\" height=\"" +
-      num(height_) + "\" viewBox=\"0 0 " + num(width_) + " " + num(height_) +
-      "\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\">\n";
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" +
+      num(width_) + "\" height=\"" + num(height_) + "\" viewBox=\"0 0 " + num(width_) + " " +
+      num(height_) + "\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\">\n";
   out += "<title>" + escape(title_) + "</title>\n";
   if (!defs_.empty()) out += "<defs>\n" + defs_ + "</defs>\n";
   out += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";

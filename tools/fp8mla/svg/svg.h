@@ -44,8 +44,7 @@ class Svg {
             std::string_view tooltip = {});
   void line(Point a, Point b, const Style& style);
   void polyline(const std::vector<Point>& points, const Style& style);
-  void polygon(const std::vector<Point>& points, const Style& style,
-               std::string_view tooltip = {});
+  void polygon(const std::vector<Point>& points, const Style& style, std::string_view tooltip = {});
   void circle(Point c, double r, const Style& style, std::string_view tooltip = {});
   void text(Point at, std::string_view text, const TextStyle& style = {});
   // A diagonal-hatch pattern usable as a fill ("url(#id)").
