@@ -247,6 +247,9 @@ def main(argv=None):
 
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("record_traces.py: --device cuda: torch sees no CUDA device")
+    if args.device == "cuda" and not fp8mla.cuda_available():
+        sys.exit("record_traces.py: --device cuda: this fp8mla has no CUDA backend (build it "
+                 "with FP8MLA_PY_CUDA=ON, or carry scripts/device/carry_fp8mla_py.sh's build)")
     if args.threads:
         torch.set_num_threads(args.threads)
     os.makedirs(args.out, exist_ok=True)
