@@ -46,7 +46,15 @@ bench portable FP8MLA_KERNEL_FAMILY=portable
 # came along and time is left.
 if [ -d .device_carry/flashinfer ] && [ "$(left)" -gt 150 ]; then
   section "peers"
-  PEERS_BUDGET_S=$(($(left) - ${SANITIZER_S:-70})) bash scripts/device/run_peers.sh ${PEERS_ARGS:-}
+  PEERS_BUDGET_S=$(($(left) - ${AFTER_PEERS_S:-130})) bash scripts/device/run_peers.sh ${PEERS_ARGS:-}
+fi
+# CUDA traces of the three strategies for `fp8mla audit`'s fixtures (scripts/record_traces.py).
+if [ -d .device_carry/fp8mla_py ] && [ "$(left)" -gt 120 ]; then
+  section "CUDA traces"
+  PYTHONPATH=$PWD/.device_carry/fp8mla_py LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} \
+    timeout 60 python3 scripts/record_traces.py --device cuda --out "$out/cuda" --pool 262144 \
+    --context 2048 --batch 16 --heads 16 --layers 8 --steps 4 > "$out/traces.txt" 2>&1
+  echo "rc=$?"; tail -3 "$out/traces.txt"
 fi
 if [ "$(left)" -gt 60 ]; then
   section "sanitizers (portable)"
@@ -58,5 +66,5 @@ if [ "$(left)" -gt 60 ]; then
   } > "$out/sanitizer_portable.txt" 2>&1
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$out/sanitizer_portable.txt"
 fi
-(cd "$out" && shopt -s nullglob && f=(./tests_*.txt ./bench_* ./sanitizer_*.txt ./env.txt ./flashinfer_load.txt ./peers.*) &&
+(cd "$out" && shopt -s nullglob && f=(./tests_*.txt ./bench_* ./sanitizer_*.txt ./env.txt ./flashinfer_load.txt ./peers.* ./traces.txt ./cuda) &&
   [ ${#f[@]} -gt 0 ] && tar czf records.tgz --remove-files "${f[@]}") && echo "packed: records.tgz"
