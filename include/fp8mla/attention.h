@@ -38,8 +38,11 @@ struct Problem {
   int page_size = 1;           // power of two, 1..128
   std::int64_t num_pages = 0;  // pages in the pool (bound for kv_indices)
   KvFormat kv_format = KvFormat::fp8_e4m3;
-  DType q_dtype = DType::bf16;    // bf16 only
-  DType out_dtype = DType::bf16;  // bf16 only
+  // Query and output element types: bf16 on every backend; f16 (FlashInfer's fp16 queries and
+  // outputs) on the CPU backend only (a CUDA plan reports Error(unsupported) naming it: the CUDA
+  // kernels take bf16).
+  DType q_dtype = DType::bf16;
+  DType out_dtype = DType::bf16;
   bool causal = true;
   float sm_scale = 0.0f;  // finite, > 0 (1/sqrt(192) etc.; the caller folds YaRN in)
 
@@ -60,6 +63,17 @@ struct Problem {
   // layer synchronises torch's current stream). It saves the host round trip of the largest
   // index array (1M entries at 128 requests x 8K tokens on pages of 1 token).
   TensorView device_kv_indices;
+  // A page table the plan borrows instead of copying (give it instead of kv_indices and
+  // device_kv_indices): FlashInfer's graph mode, where the kernels read the caller's index buffer
+  // when they run. i32 [>= kv_indptr[batch]], contiguous, in host memory for a CPU plan or on the
+  // plan's device for a CUDA plan, owned by the caller, alive and unmoved while the plan is run.
+  // plan() and replan() check its view only; every run() reads the page ids [0, kv_indptr[batch])
+  // from it then, so the caller may rewrite them in place between plan and run (or before a CUDA
+  // graph replay) and the run sees the new pages. Ids are not checked at plan time: the CPU
+  // backend's run() throws invalid_argument naming borrowed_kv_indices[i] for an id outside
+  // [0, num_pages) before it computes anything; the CUDA kernels read them as they are (keep them
+  // inside the pool, as FlashInfer requires).
+  TensorView borrowed_kv_indices;
 
   // Sparse mode when topk > 0: sparse_indices is [total_q, topk] global slots
   // (page * page_size + offset) in [0, num_pages * page_size) or -1. kv_indptr / kv_indices /
@@ -197,9 +211,11 @@ class Plan {
 
 // Validates `problem` and builds the plan. Errors (all invalid_argument unless noted), each
 // naming the argument, index and bound: num_heads outside 1..128; page_size not a power of two
-// in 1..128; num_pages < 1; dtypes other than bf16; sm_scale not finite or <= 0; qo_indptr /
-// kv_indptr of the wrong length, not starting at 0 or decreasing; kv_indices (or
-// device_kv_indices: also its dtype, shape, device, and given with kv_indices) outside the pool;
+// in 1..128; num_pages < 1; q_dtype / out_dtype other than bf16 or f16 (f16 on CUDA: code
+// unsupported); sm_scale not finite or <= 0; qo_indptr / kv_indptr of the wrong length, not
+// starting at 0 or decreasing; kv_indices (or device_kv_indices: also its dtype, shape, device,
+// and given with kv_indices) outside the pool; borrowed_kv_indices of another dtype or device,
+// not contiguous, shorter than kv_indptr[batch], or given with another page table;
 // kv_len < 0 or > pages listed * page_size; causal with qo_len > kv_len (kv_len = 0 with
 // qo_len > 0 is allowed: those rows get o = 0, lse = -inf); sparse indices outside the pool
 // and not -1; topk < 0 or sparse_indices of the wrong size; a cuda_graph plan whose problem
@@ -209,12 +225,25 @@ Plan plan(const Problem& problem, const PlanOptions& options = {});
 // Graph mode: re-plan `p` (made with cuda_graph = true) for a new batch in place, keeping its
 // device buffers, so a CUDA graph that captured run(p, ...) replays on the new batch. Same
 // errors as plan(), plus invalid_argument if p is not a graph-mode plan or num_heads, format,
-// page size, topk or device differ from the original. Synchronous on the host (call it
+// page size, topk, device, q_dtype, out_dtype or the borrowed page table's buffer (whether one is
+// borrowed, and its address: a captured run reads that buffer) differ from the original.
+// Synchronous on the host (call it
 // outside capture, like FlashInfer's plan). On CUDA it first waits until the device is idle: a
 // run of `p` still queued or running, on any stream, reads the buffers it rewrites. A captured
 // run() keeps the cache view it was captured with (pointers, strides and, for the TMA kernels,
 // tensor maps bounded by that num_pages): the new problem's pages must lie in that pool.
 void replan(Plan& p, const Problem& problem);
+
+// Stream-ordered replan() for a CUDA graph-mode plan, as engines plan step N+1 while step N runs:
+// the same checks and result, but the plan's device buffers are rewritten by copies enqueued on
+// `stream` (a cudaStream_t) from pinned host staging the plan owns, and the host does not wait for
+// the device. Every run() of `p` (and any graph that captured one) must be on `stream` or ordered
+// after it by the caller. It allocates nothing; the host waits only when the staging slot it
+// fills is still being copied from by the replan two calls back (the stream is then two steps
+// behind). Page tables: kv_indices (checked on the host) or borrowed_kv_indices (the same buffer
+// the plan was made with, read at run time); device_kv_indices is refused (checking it needs a
+// host round trip). A CPU plan ignores `stream` and replans as replan(p, problem) does.
+void replan(Plan& p, const Problem& problem, void* stream);
 
 struct RunArgs {
   TensorView q_nope;  // bf16 [total_q, H, 512], innermost stride 1

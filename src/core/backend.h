@@ -87,8 +87,13 @@ class DeviceMemory {
   void* ptr_ = nullptr;
 };
 
-// Uploads the plan's arrays into plan.cuda (allocating it, or reusing it in graph mode).
+// Uploads the plan's arrays into plan.cuda (allocating it, or reusing it in graph mode: then it
+// first waits for the device to be idle, and the copies complete before it returns).
 void cuda_upload_plan(PlanState& plan);
+// Graph mode's stream-ordered upload into the existing plan.cuda: the arrays go through the
+// plan's pinned staging and copies enqueued on `stream`; no device allocation or wait (the host
+// waits only for a staging slot still being copied from by the upload two calls back).
+void cuda_upload_plan_async(PlanState& plan, void* stream);
 void cuda_run(PlanState& plan, const RunArgs& args);
 void cuda_merge_states(const TensorView& v, const TensorView& s, const TensorView& v_out,
                        const TensorView& s_out, void* stream);

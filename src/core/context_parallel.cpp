@@ -27,6 +27,8 @@ void shard_context(const Problem& full, int rank, int world, ContextShard& shard
   require(full.page_size >= 1, "problem.page_size", "must be >= 1, got ", full.page_size);
   require(!full.device_kv_indices.defined(), "problem.device_kv_indices",
           "context parallelism shards the page table on the host: give kv_indices");
+  require(!full.borrowed_kv_indices.defined(), "problem.borrowed_kv_indices",
+          "context parallelism shards the page table on the host: give kv_indices");
   require(full.causal_len.empty(), "problem.causal_len",
           "is what shard_context sets; shard the full problem, not a shard");
   const std::size_t batch = full.qo_indptr.empty() ? 0 : full.qo_indptr.size() - 1;

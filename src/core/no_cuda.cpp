@@ -45,6 +45,9 @@ void cuda_set_device(int) {
 void cuda_upload_plan(PlanState&) {
   no_cuda("problem.device");
 }
+void cuda_upload_plan_async(PlanState&, void*) {
+  no_cuda("problem.device");
+}
 void cuda_run(PlanState&, const RunArgs&) {
   no_cuda("plan.device");
 }

@@ -112,14 +112,23 @@ void check_scalars(const Problem& p) {
   require(p.kv_format == KvFormat::bf16 || p.kv_format == KvFormat::fp8_e4m3 ||
               p.kv_format == KvFormat::fp8_e4m3_block,
           "kv_format", "unknown KvFormat value ", static_cast<int>(p.kv_format));
-  require(p.q_dtype == DType::bf16, "q_dtype", "expected bf16, got ", dtype_name(p.q_dtype));
-  require(p.out_dtype == DType::bf16, "out_dtype", "expected bf16, got ", dtype_name(p.out_dtype));
+  require(p.q_dtype == DType::bf16 || p.q_dtype == DType::f16, "q_dtype",
+          "expected bf16 or f16, got ", dtype_name(p.q_dtype));
+  require(p.out_dtype == DType::bf16 || p.out_dtype == DType::f16, "out_dtype",
+          "expected bf16 or f16, got ", dtype_name(p.out_dtype));
   require(std::isfinite(p.sm_scale) && p.sm_scale > 0.0f, "sm_scale", p.sm_scale,
           " must be finite and > 0");
   require(p.topk >= 0, "topk", p.topk, " must be >= 0 (0 = dense)");
   require(p.device == DeviceKind::cpu || p.device == DeviceKind::cuda, "device",
           "unknown DeviceKind value ", static_cast<int>(p.device));
   require(p.device_id >= 0, "device_id", p.device_id, " must be >= 0");
+  // The CUDA kernels load and store bf16 rows; f16 is computed by the CPU backend only.
+  for (const auto& [dtype, name] : {std::pair{p.q_dtype, "q_dtype"}, {p.out_dtype, "out_dtype"}}) {
+    if (p.device == DeviceKind::cuda && dtype != DType::bf16) {
+      throw Error(ErrorCode::unsupported, name,
+                  msg(dtype_name(dtype), " is computed by the CPU backend only; CUDA plans take bf16"));
+    }
+  }
 }
 
 // An offsets array of `entries` values starting at 0 and never decreasing.
@@ -169,6 +178,17 @@ void check_device_page_ids(const Problem& p) {
   }
 }
 
+// A borrowed page table (Problem::borrowed_kv_indices): its view; its ids are read by run().
+void check_borrowed_pages(const Problem& p, std::int64_t entries) {
+  require(p.kv_indices.empty() && !p.device_kv_indices.defined(), "borrowed_kv_indices",
+          "given with kv_indices or device_kv_indices: give one page table");
+  detail::check_tensor(p.borrowed_kv_indices, "borrowed_kv_indices", {DType::i32}, {-1}, p.device,
+                       p.device_id);
+  require(p.borrowed_kv_indices.shape[0] >= entries, "borrowed_kv_indices",
+          "has ", p.borrowed_kv_indices.shape[0], " entries, fewer than kv_indptr[",
+          p.kv_indptr.size() - 1, "] = ", entries);
+}
+
 // The index arrays: qo_indptr always; the page table and kv_len when dense (in sparse mode only
 // when given); sparse_indices; the graph capacities.
 void check_arrays(const Problem& p, const PlanOptions& o) {
@@ -181,11 +201,15 @@ void check_arrays(const Problem& p, const PlanOptions& o) {
   const bool sparse = p.topk > 0;
 
   const bool device_pages = p.device_kv_indices.defined();
-  const bool has_pages = !sparse || !p.kv_indptr.empty() || !p.kv_indices.empty() || device_pages;
+  const bool borrowed = p.borrowed_kv_indices.defined();
+  const bool has_pages =
+      !sparse || !p.kv_indptr.empty() || !p.kv_indices.empty() || device_pages || borrowed;
   if (has_pages) {
     check_indptr(p.kv_indptr, "kv_indptr", batch + 1);
     if (device_pages) {
       check_device_pages(p, p.kv_indptr[batch]);
+    } else if (borrowed) {
+      check_borrowed_pages(p, p.kv_indptr[batch]);
     } else {
       require(static_cast<std::size_t>(p.kv_indptr[batch]) == p.kv_indices.size(),
               msg("kv_indptr[", batch, "]"), p.kv_indptr[batch],
@@ -244,10 +268,13 @@ void check_arrays(const Problem& p, const PlanOptions& o) {
   require(total_q <= o.max_total_q, "qo_indptr", "total_q ", total_q,
           " exceeds the graph capacity options.max_total_q = ", o.max_total_q);
   // The page table's size (on the host or the device), checked before any upload.
-  const std::int64_t page_ids =
-      device_pages ? p.kv_indptr[batch] : static_cast<std::int64_t>(p.kv_indices.size());
-  require(page_ids <= o.max_kv_indices, device_pages ? "device_kv_indices" : "kv_indices", "size ",
-          page_ids, " exceeds the graph capacity options.max_kv_indices = ", o.max_kv_indices);
+  const std::int64_t page_ids = device_pages || borrowed
+                                    ? p.kv_indptr[batch]
+                                    : static_cast<std::int64_t>(p.kv_indices.size());
+  require(page_ids <= o.max_kv_indices,
+          device_pages ? "device_kv_indices" : borrowed ? "borrowed_kv_indices" : "kv_indices",
+          "size ", page_ids, " exceeds the graph capacity options.max_kv_indices = ",
+          o.max_kv_indices);
   const std::int64_t max_qo_len = graph_max_qo_len(o);
   for (std::size_t r = 0; r < batch; ++r) {
     const std::int64_t qo_len = p.qo_indptr[r + 1] - p.qo_indptr[r];
@@ -463,6 +490,8 @@ PlanState build_state(const Problem& p, const PlanOptions& o, int sm_count,
   s.page_size = p.page_size;
   s.num_pages = p.num_pages;
   s.kv_format = p.kv_format;
+  s.q_dtype = p.q_dtype;
+  s.out_dtype = p.out_dtype;
   s.causal = p.causal;
   s.sm_scale = p.sm_scale;
   s.topk = p.topk;
@@ -482,6 +511,7 @@ PlanState build_state(const Problem& p, const PlanOptions& o, int sm_count,
   s.qo_indptr.assign(p.qo_indptr.begin(), p.qo_indptr.end());
   s.kv_indptr.assign(p.kv_indptr.begin(), p.kv_indptr.end());
   s.kv_indices.assign(p.kv_indices.begin(), p.kv_indices.end());
+  s.borrowed_kv_indices = p.borrowed_kv_indices;
   s.kv_len.assign(p.kv_len.begin(), p.kv_len.end());
   s.causal_len.assign(p.causal_len.begin(), p.causal_len.end());
   s.sparse_indices.assign(p.sparse_indices.begin(), p.sparse_indices.end());
@@ -595,7 +625,23 @@ Plan plan(const Problem& problem, const PlanOptions& options) {
   return p;
 }
 
-void replan(Plan& p, const Problem& problem) {
+namespace {
+
+// What replan() may not change about the borrowed page table: a captured run reads the buffer
+// (address) the plan was made with.
+void require_same_borrowed(const Problem& problem, const PlanState& s) {
+  const TensorView& given = problem.borrowed_kv_indices;
+  const TensorView& planned = s.borrowed_kv_indices;
+  require(given.defined() == planned.defined(), "borrowed_kv_indices",
+          planned.defined() ? "the graph-mode plan borrows the caller's page table: give it again"
+                            : "the graph-mode plan copies its page table: give kv_indices");
+  require(!given.defined() || given.data == planned.data, "borrowed_kv_indices",
+          "is another buffer than the one the graph-mode plan borrows (a captured run reads that "
+          "one); make a new plan instead");
+}
+
+// replan() and its stream-ordered form: `stream` null = synchronous (waits for the device).
+void replan_state(Plan& p, const Problem& problem, void* const* stream) {
   PlanState& s = p.state();
   require(s.options.cuda_graph, "plan",
           "replan() needs a plan made with options.cuda_graph = true; call plan() instead");
@@ -605,6 +651,13 @@ void replan(Plan& p, const Problem& problem) {
   require_same(problem.topk, s.topk, "topk");
   require_same(problem.device, s.device, "device");
   require_same(problem.device_id, s.device_id, "device_id");
+  require_same(problem.q_dtype, s.q_dtype, "q_dtype");
+  require_same(problem.out_dtype, s.out_dtype, "out_dtype");
+  require_same_borrowed(problem, s);
+  const bool ordered = stream != nullptr && s.device == DeviceKind::cuda;
+  require(!ordered || !problem.device_kv_indices.defined(), "device_kv_indices",
+          "the stream-ordered replan does not read back a device page table to check it: give "
+          "kv_indices (host) or borrowed_kv_indices");
   // Same options and sm_count as the original, so the capacities (and buffers) still fit.
   const detail::CurrentDeviceGuard keep(s.device == DeviceKind::cuda);
   validate(problem, s.options);
@@ -613,7 +666,11 @@ void replan(Plan& p, const Problem& problem) {
     next.cuda = std::move(s.cuda);
     next.device_kv_indices = problem.device_kv_indices;
     try {
-      detail::cuda_upload_plan(next);
+      if (ordered) {
+        detail::cuda_upload_plan_async(next, *stream);
+      } else {
+        detail::cuda_upload_plan(next);
+      }
     } catch (...) {
       s.cuda = std::move(next.cuda);
       throw;
@@ -624,6 +681,16 @@ void replan(Plan& p, const Problem& problem) {
     next.partial_lse = std::move(s.partial_lse);
   }
   s = std::move(next);
+}
+
+}  // namespace
+
+void replan(Plan& p, const Problem& problem) {
+  replan_state(p, problem, nullptr);
+}
+
+void replan(Plan& p, const Problem& problem, void* stream) {
+  replan_state(p, problem, &stream);
 }
 
 }  // namespace fp8mla

@@ -23,6 +23,8 @@ struct PlanState {
   int page_size = 1;
   std::int64_t num_pages = 0;
   KvFormat kv_format = KvFormat::fp8_e4m3;
+  DType q_dtype = DType::bf16;    // q_nope / q_pe elements: bf16, or f16 (CPU only)
+  DType out_dtype = DType::bf16;  // out elements: bf16, or f16 (CPU only)
   bool causal = true;
   float sm_scale = 0.0f;
   int topk = 0;
@@ -41,7 +43,10 @@ struct PlanState {
   int total_q = 0;
   std::vector<std::int32_t> qo_indptr;       // [batch + 1]
   std::vector<std::int32_t> kv_indptr;       // [batch + 1]
-  std::vector<std::int32_t> kv_indices;      // [kv_indptr[batch]]
+  std::vector<std::int32_t> kv_indices;      // [kv_indptr[batch]]; empty when borrowed
+  // Problem::borrowed_kv_indices (the caller's buffer, read by every run()); undefined when the
+  // plan copied its page table into kv_indices (and the device buffers).
+  TensorView borrowed_kv_indices;
   std::vector<std::int32_t> kv_len;          // [batch]
   std::vector<std::int32_t> causal_len;      // [batch] or empty (Problem::causal_len)
   std::vector<std::int32_t> sparse_indices;  // [total_q * topk] (sparse only)
@@ -73,6 +78,14 @@ struct PlanState {
   // (Problem::device_kv_indices), copied instead of kv_indices (then empty).
   TensorView device_kv_indices;
 };
+
+// The page table run() reads: the borrowed buffer, or the plan's own copy (host memory for CPU
+// plans; CUDA plans read CudaPlanBuffers::kv_indices or the borrowed device buffer).
+inline const std::int32_t* host_page_table(const PlanState& s) {
+  return s.borrowed_kv_indices.defined()
+             ? static_cast<const std::int32_t*>(s.borrowed_kv_indices.data)
+             : s.kv_indices.data();
+}
 
 // The length request r's causal mask counts from: query token i sees tokens
 // [0, causal_mask_len(s, r) - qo_len + i] of the kv_len[r] listed (Problem::causal_len).

@@ -73,6 +73,20 @@ void check_any_stride(const TensorView& t, const std::string& name,
   check_tensor(inner_unit, name, {DType::f32}, shape, device, device_id);
 }
 
+// The page ids a CPU run reads from a borrowed table (Problem::borrowed_kv_indices), checked at
+// run time because the caller may have rewritten them since plan().
+void check_borrowed_ids(const PlanState& s) {
+  const auto* pages = static_cast<const std::int32_t*>(s.borrowed_kv_indices.data);
+  const std::int64_t n = s.kv_indptr.empty() ? 0 : s.kv_indptr.back();
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (pages[i] < 0 || pages[i] >= s.num_pages) {
+      throw Error(ErrorCode::invalid_argument, detail::msg("borrowed_kv_indices[", i, "]"),
+                  detail::msg(pages[i], " is outside the pool [0, ", s.num_pages,
+                              ") (a borrowed page table is checked when run() reads it)"));
+    }
+  }
+}
+
 }  // namespace
 
 void run(const Plan& p, const RunArgs& args) {
@@ -81,9 +95,9 @@ void run(const Plan& p, const RunArgs& args) {
   if (s.total_q == 0) return;
   const std::int64_t tq = s.total_q;
   const std::int64_t h = s.num_heads;
-  check_tensor(args.q_nope, "q_nope", {DType::bf16}, {tq, h, kDimCkv}, s.device, s.device_id);
-  check_tensor(args.q_pe, "q_pe", {DType::bf16}, {tq, h, kDimKpe}, s.device, s.device_id);
-  check_tensor(args.out, "out", {DType::bf16}, {tq, h, kDimCkv}, s.device, s.device_id);
+  check_tensor(args.q_nope, "q_nope", {s.q_dtype}, {tq, h, kDimCkv}, s.device, s.device_id);
+  check_tensor(args.q_pe, "q_pe", {s.q_dtype}, {tq, h, kDimKpe}, s.device, s.device_id);
+  check_tensor(args.out, "out", {s.out_dtype}, {tq, h, kDimCkv}, s.device, s.device_id);
   if (args.lse.defined()) {
     check_tensor(args.lse, "lse", {DType::f32}, {tq, h}, s.device, s.device_id);
   }
@@ -93,6 +107,8 @@ void run(const Plan& p, const RunArgs& args) {
     check_tensor(args.sparse_indices, "sparse_indices", {DType::i32}, {tq, s.topk}, s.device,
                  s.device_id);
   }
+
+  if (s.device == DeviceKind::cpu && s.borrowed_kv_indices.defined()) check_borrowed_ids(s);
 
   if (s.device == DeviceKind::cuda) {
     const detail::CurrentDeviceGuard keep(true);

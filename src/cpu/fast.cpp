@@ -22,6 +22,7 @@
 #include "fp8mla/format.h"
 #include "src/core/backend.h"
 #include "src/core/check.h"
+#include "src/core/f16.h"
 #include "src/cpu/kv_reader.h"
 
 namespace fp8mla::detail {
@@ -187,6 +188,7 @@ struct TileScratch {
   std::vector<float> k = std::vector<float>(kChunk * kDimQk);            // [kChunk, 576]
   std::vector<float> merge_w;                                            // [splits]
   std::vector<float> merge_acc = std::vector<float>(kDimCkv);
+  std::vector<float> merge_row = std::vector<float>(kDimCkv);  // a merged row before its store
   float m[kMaxRowsPerTile];    // running max score per row
   float l[kMaxRowsPerTile];    // running sum of exp(score - m) per row (0: nothing seen yet)
   int n_row[kMaxRowsPerTile];  // tokens of the current chunk each row sees (a prefix)
@@ -376,7 +378,7 @@ template <class V>
     return plan.causal ? std::min(end, mask - qo_len + tile.q_begin + tq + 1) : end;
   };
   const std::int64_t last = limit(tile.q_count - 1);  // the tile's last token sees the most
-  const std::int32_t* pages = plan.kv_indices.data() + plan.kv_indptr[r];
+  const std::int32_t* pages = host_page_table(plan) + plan.kv_indptr[r];
   const int rows = tile.q_count * tile.head_count;
   for (std::int64_t c = tile.kv_begin; c < last; c += kChunk) {
     const int n = static_cast<int>(std::min<std::int64_t>(kChunk, last - c));
@@ -445,8 +447,13 @@ template <class V>
     const auto* q_nope = element_ptr<const std::uint16_t>(ctx.args.q_nope, t, h);
     const auto* q_pe = element_ptr<const std::uint16_t>(ctx.args.q_pe, t, h);
     float* q = sc.q.data() + row * kDimQk;
-    for (int d = 0; d < kDimCkv; ++d) q[d] = bf16_bits_to_float(q_nope[d]);
-    for (int d = 0; d < kDimKpe; ++d) q[kDimCkv + d] = bf16_bits_to_float(q_pe[d]);
+    if (ctx.plan.q_dtype == DType::f16) {
+      for (int d = 0; d < kDimCkv; ++d) q[d] = f16_bits_to_float(q_nope[d]);
+      for (int d = 0; d < kDimKpe; ++d) q[kDimCkv + d] = f16_bits_to_float(q_pe[d]);
+    } else {
+      for (int d = 0; d < kDimCkv; ++d) q[d] = bf16_bits_to_float(q_nope[d]);
+      for (int d = 0; d < kDimKpe; ++d) q[kDimCkv + d] = bf16_bits_to_float(q_pe[d]);
+    }
     std::fill_n(sc.o.data() + row * kDimCkv, kDimCkv, 0.0f);
     sc.m[row] = kNegInf;
     sc.l[row] = 0.0f;
@@ -477,6 +484,15 @@ void compute_tile_any(const TileContext& ctx, const WorkTile& tile, TileScratch&
 }
 #endif
 
+// Writes one output row of 512 floats, each times `scale`, as the plan's out dtype (bf16 or f16).
+void store_out_row(const PlanState& plan, const float* o, float scale, std::uint16_t* out) {
+  if (plan.out_dtype == DType::f16) {
+    for (int d = 0; d < kDimCkv; ++d) out[d] = float_to_f16_bits(o[d] * scale);
+  } else {
+    for (int d = 0; d < kDimCkv; ++d) out[d] = float_to_bf16(o[d] * scale);
+  }
+}
+
 // Combines the partial rows of split request r into out / lse.
 void merge_request(const TileContext& ctx, int r, TileScratch& sc) {
   const PlanState& plan = ctx.plan;
@@ -491,9 +507,10 @@ void merge_request(const TileContext& ctx, int r, TileScratch& sc) {
         merge_weights(splits, plan.partial_lse.data() + first, state_rows, sc.merge_w.data());
     const std::int64_t t = plan.qo_indptr[r] + row / heads;
     const std::int64_t h = row % heads;
+    // Merged in float32 into merge_row, then stored once as the out dtype.
     merge_values(splits, plan.partial_o.data() + first * kDimCkv, state_rows * kDimCkv, 1, kDimCkv,
-                 sc.merge_w.data(), element_ptr<std::uint16_t>(ctx.args.out, t, h), 1,
-                 sc.merge_acc.data());
+                 sc.merge_w.data(), sc.merge_row.data(), 1, sc.merge_acc.data());
+    store_out_row(plan, sc.merge_row.data(), 1.0f, element_ptr<std::uint16_t>(ctx.args.out, t, h));
     if (ctx.args.lse.defined()) *element_ptr<float>(ctx.args.lse, t, h) = lse;
   }
 }
@@ -515,8 +532,7 @@ void run_tile(TileContext& ctx, const WorkTile& tile, TileScratch& sc) {
     const float* o = sc.o.data() + row * kDimCkv;
     if (tile.split < 0) {
       const std::int64_t t = plan.qo_indptr[r] + tq;
-      auto* out = element_ptr<std::uint16_t>(ctx.args.out, t, h);
-      for (int d = 0; d < kDimCkv; ++d) out[d] = float_to_bf16(o[d] * inv);
+      store_out_row(plan, o, inv, element_ptr<std::uint16_t>(ctx.args.out, t, h));
       if (ctx.args.lse.defined()) *element_ptr<float>(ctx.args.lse, t, h) = lse;
     } else {
       const std::int64_t prow =

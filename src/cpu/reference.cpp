@@ -9,6 +9,7 @@
 
 #include "fp8mla/format.h"
 #include "src/core/backend.h"
+#include "src/core/f16.h"
 #include "src/cpu/kv_reader.h"
 
 namespace fp8mla::detail {
@@ -31,9 +32,19 @@ std::uint16_t double_to_bf16(double x) {
 
 // One query row: s_j = sm_scale * (q . k_j) over the visible tokens, then softmax-weighted ckv.
 // `tokens` are decoded 576-float rows; `visible` lists which of them the row sees (in order).
+// An output element of `dtype` (bf16 or f16 bits) from float64, rounded once.
+std::uint16_t output_bits(double x, DType dtype) {
+  return dtype == DType::f16 ? double_to_f16_bits(x) : double_to_bf16(x);
+}
+
+// A query element of `dtype` (bf16 or f16 bits), exactly.
+double query_value(std::uint16_t bits, DType dtype) {
+  return dtype == DType::f16 ? f16_bits_to_float(bits) : bf16_to_float(bits);
+}
+
 void attend_row(const double* q, const std::vector<float>& tokens,
                 const std::vector<std::int64_t>& visible, double sm_scale, std::uint16_t* out,
-                float* lse) {
+                DType out_dtype, float* lse) {
   std::vector<double> s(visible.size());
   double m = kNegInf;
   for (std::size_t j = 0; j < visible.size(); ++j) {
@@ -60,7 +71,7 @@ void attend_row(const double* q, const std::vector<float>& tokens,
     const float* v = tokens.data() + visible[j] * kDimQk;
     for (int d = 0; d < kDimCkv; ++d) o[d] += p * static_cast<double>(v[d]);
   }
-  for (int d = 0; d < kDimCkv; ++d) out[d] = double_to_bf16(o[d] / sum);
+  for (int d = 0; d < kDimCkv; ++d) out[d] = output_bits(o[d] / sum, out_dtype);
   if (lse != nullptr) *lse = static_cast<float>(m + std::log(sum));
 }
 
@@ -87,6 +98,7 @@ void cpu_reference(const PlanState& plan, const RunArgs& args) {
     return plan.sparse_indices[t * plan.topk + k];
   };
 
+  const std::int32_t* pages = host_page_table(plan);
   for (int r = 0; r < plan.batch; ++r) {
     const std::int64_t q_first = plan.qo_indptr[r];
     const std::int64_t qo_len = plan.qo_indptr[r + 1] - q_first;
@@ -95,7 +107,7 @@ void cpu_reference(const PlanState& plan, const RunArgs& args) {
       // Token j of the request: page kv_indices[kv_indptr[r] + j / page_size], offset j % ps.
       tokens.clear();
       for (std::int64_t j = 0; j < kv_len; ++j) {
-        decode_slot(plan.kv_indices[plan.kv_indptr[r] + j / page_size], j % page_size);
+        decode_slot(pages[plan.kv_indptr[r] + j / page_size], j % page_size);
       }
     }
     for (std::int64_t i = 0; i < qo_len; ++i) {
@@ -119,11 +131,11 @@ void cpu_reference(const PlanState& plan, const RunArgs& args) {
       for (std::int64_t h = 0; h < plan.num_heads; ++h) {
         const auto* q_nope = element_ptr<const std::uint16_t>(args.q_nope, t, h);
         const auto* q_pe = element_ptr<const std::uint16_t>(args.q_pe, t, h);
-        for (int d = 0; d < kDimCkv; ++d) q[d] = bf16_to_float(q_nope[d]);
-        for (int d = 0; d < kDimKpe; ++d) q[kDimCkv + d] = bf16_to_float(q_pe[d]);
+        for (int d = 0; d < kDimCkv; ++d) q[d] = query_value(q_nope[d], plan.q_dtype);
+        for (int d = 0; d < kDimKpe; ++d) q[kDimCkv + d] = query_value(q_pe[d], plan.q_dtype);
         float* lse = args.lse.defined() ? element_ptr<float>(args.lse, t, h) : nullptr;
         attend_row(q.data(), tokens, visible, sm_scale, element_ptr<std::uint16_t>(args.out, t, h),
-                   lse);
+                   plan.out_dtype, lse);
       }
     }
   }
