@@ -1,7 +1,9 @@
 """fp8mla: MLA (Multi-head Latent Attention) decode over a paged FP8 latent KV cache.
 
-High level (FlashInfer-compatible):
+High level (FlashInfer-compatible, flashinfer-python 0.6.18 and 0.7.4 call forms):
     BatchMLAPagedAttentionWrapper   plan() once per batch, run() per layer (LSE base 2)
+    MLAPlanMetadata                 0.7's plan(metadata=...) form
+    fp8mla.mla                      mirrors flashinfer.mla (from fp8mla.mla import ...)
 
 Low level (one to one with the C++ API, LSE natural log):
     plan, replan, run, merge_states, PagedLatentCache, append_kv
@@ -50,6 +52,8 @@ from .api import (
     token_bytes,
     version,
 )
+from . import mla
+from ._flashinfer_args import MLAPlanMetadata
 from .wrapper import BatchMLAPagedAttentionWrapper
 
 __version__ = version()
@@ -62,6 +66,7 @@ __all__ = [
     "DIM_QK",
     "KvFormat",
     "MAX_HEADS",
+    "MLAPlanMetadata",
     "MAX_PAGE_SIZE",
     "NcclComm",
     "PagedLatentCache",

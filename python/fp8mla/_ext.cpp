@@ -151,6 +151,13 @@ DeviceKind parse_device(const std::string& device) {
   bad("device", "expected \"cpu\" or \"cuda\", got \"" + device + "\"");
 }
 
+// "bf16" / "f16": the query and output element types a Problem takes.
+DType parse_q_dtype(const std::string& name, const char* argument) {
+  if (name == "bf16") return DType::bf16;
+  if (name == "f16") return DType::f16;
+  bad(argument, "expected \"bf16\" or \"f16\", got \"" + name + "\"");
+}
+
 // Everything a Problem refers to, kept alive for the duration of plan()/replan().
 struct ProblemArgs {
   Args keep;
@@ -160,9 +167,11 @@ struct ProblemArgs {
 // The Problem of plan / replan / plan_context_parallel / replan_context_parallel, from the one
 // tuple api._problem_args builds: (qo_indptr, kv_indptr, kv_indices, kv_len, num_heads,
 // page_size, num_pages, kv_format, causal, sm_scale, topk, sparse_indices, causal_len, device,
-// device_id); array entries may be None.
+// device_id, q_dtype, out_dtype, borrowed_kv_indices); array entries may be None. The borrowed
+// page table is the caller's array itself: the plan keeps its address (the Python layer keeps
+// the array alive as long as the plan).
 void fill_problem(ProblemArgs& pa, const nb::tuple& a) {
-  if (a.size() != 15) bad("problem", "expected the 15 fields of api._problem_args");
+  if (a.size() != 18) bad("problem", "expected the 18 fields of api._problem_args");
   const nb::handle qo_indptr = a[0], kv_indptr = a[1], kv_indices = a[2], kv_len = a[3];
   const nb::handle sparse_indices = a[11], causal_len = a[12];
   fp8mla::Problem& p = pa.problem;
@@ -175,6 +184,9 @@ void fill_problem(ProblemArgs& pa, const nb::tuple& a) {
   p.topk = nb::cast<int>(a[10]);
   p.device = parse_device(nb::cast<std::string>(a[13]));
   p.device_id = nb::cast<int>(a[14]);
+  p.q_dtype = parse_q_dtype(nb::cast<std::string>(a[15]), "q_dtype");
+  p.out_dtype = parse_q_dtype(nb::cast<std::string>(a[16]), "out_dtype");
+  p.borrowed_kv_indices = pa.keep.in(a[17], "borrowed_kv_indices");
   p.qo_indptr =
       host_span<const std::int32_t>(pa.keep.in(qo_indptr, "qo_indptr"), "qo_indptr", DType::i32);
   p.kv_indptr =
@@ -359,7 +371,25 @@ NB_MODULE(_fp8mla, m) {
       },
       "problem"_a, "options"_a);
 
-  def_replan<fp8mla::Plan, &fp8mla::replan>(m, "replan");
+  m.def(
+      "replan",
+      [](fp8mla::Plan& p, const nb::tuple& problem) {
+        ProblemArgs pa;
+        fill_problem(pa, problem);
+        nb::gil_scoped_release release;
+        fp8mla::replan(p, pa.problem);
+      },
+      "plan"_a, "problem"_a);
+  m.def(
+      "replan_on_stream",
+      [](fp8mla::Plan& p, const nb::tuple& problem, std::uintptr_t stream) {
+        ProblemArgs pa;
+        fill_problem(pa, problem);
+        nb::gil_scoped_release release;
+        fp8mla::replan(p, pa.problem, as_stream(stream));
+      },
+      "plan"_a, "problem"_a, "stream"_a,
+      "fp8mla::replan(plan, problem, stream): the stream-ordered graph-mode replan");
 
   m.def(
       "run",

@@ -214,12 +214,12 @@ def empty(like, shape, dtype):
     """An uninitialised array of ``shape`` in the framework and on the device of ``like``.
 
     ``dtype``: "bf16" (torch.bfloat16; numpy: ``like``'s dtype when it is a 2-byte bf16 carrier,
-    else uint16 bits) or "f32".
+    else uint16 bits), "f16" (torch.float16 / numpy.float16) or "f32".
     """
     shape = tuple(int(s) for s in shape)
     torch = torch_module()
     if torch is not None and isinstance(like, torch.Tensor):
-        tdt = torch.bfloat16 if dtype == "bf16" else torch.float32
+        tdt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[dtype]
         return torch.empty(shape, dtype=tdt, device=like.device)
     np = numpy_module()
     if np is None:
@@ -227,7 +227,7 @@ def empty(like, shape, dtype):
     if dtype == "bf16":
         carrier = is_numpy(like) and like.dtype.name in ("uint16", "bfloat16")
         return np.empty(shape, dtype=like.dtype if carrier else np.uint16)
-    return np.empty(shape, dtype=np.float32)
+    return np.empty(shape, dtype=np.float16 if dtype == "f16" else np.float32)
 
 
 def to_log2_inplace(lse):

@@ -69,10 +69,12 @@ def _stream(stream, like):
 
 def _problem_args(qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size, num_pages,
                   sm_scale, kv_format, causal, topk, sparse_indices, device, host_pages=False,
-                  causal_len=None):
+                  causal_len=None, q_dtype="bf16", out_dtype="bf16", borrowed_kv_indices=None):
     """The Problem argument of _ext.plan / replan / plan_context_parallel /
-    replan_context_parallel, one tuple converted once for all (_ext.cpp fill_problem's order). kv_indices stays on the plan's GPU when it is there
-    (page_table), unless host_pages (context parallelism shards it on the host)."""
+    replan_context_parallel, one tuple converted once for all (_ext.cpp fill_problem's order).
+    kv_indices stays on the plan's GPU when it is there (page_table), unless host_pages (context
+    parallelism shards it on the host). borrowed_kv_indices (then kv_indices is None) is passed
+    as it is: the plan reads that array at every run (fp8mla::Problem::borrowed_kv_indices)."""
     kind, index = parse_device(device)
     return (
         host_i32(qo_indptr, "qo_indptr"),
@@ -90,7 +92,20 @@ def _problem_args(qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size
         host_i32(causal_len, "causal_len") if causal_len is not None else None,
         kind,
         index,
+        _q_dtype_name(q_dtype, "q_dtype"),
+        _q_dtype_name(out_dtype, "out_dtype"),
+        for_ext(borrowed_kv_indices),
     )
+
+
+def _q_dtype_name(dtype, name):
+    """"bf16" or "f16" from those names, "bfloat16" / "float16" or a torch / numpy dtype."""
+    text = str(dtype)
+    text = text[len("torch."):] if text.startswith("torch.") else text
+    aliases = {"bf16": "bf16", "bfloat16": "bf16", "f16": "f16", "float16": "f16", "half": "f16"}
+    if text not in aliases:
+        raise ValueError(f"{name}: expected bf16 or f16 (bfloat16 / float16), got {dtype!r}")
+    return aliases[text]
 
 
 def plan(
@@ -109,6 +124,9 @@ def plan(
     sparse_indices=None,
     causal_len=None,
     device="cpu",
+    q_dtype="bf16",
+    out_dtype="bf16",
+    borrowed_kv_indices=None,
     sm_count=0,
     ctas_per_sm=0,
     min_chunk_tokens=64,
@@ -138,7 +156,12 @@ def plan(
                   context-parallel shard: the context's length minus the shard's first token)
     num_heads 1..128, page_size a power of two in 1..128, num_pages >= 1 (the pool the cache
     view will have), sm_scale finite and > 0, kv_format a KvFormat or its name, device "cpu",
-    "cuda", "cuda:N" or a torch.device. The remaining options are fp8mla::PlanOptions (graph
+    "cuda", "cuda:N" or a torch.device. q_dtype / out_dtype: "bf16" (default) or "f16" (CPU
+    backend only; the CUDA kernels take bf16). borrowed_kv_indices: instead of kv_indices (pass
+    None there), an int32 contiguous array of >= kv_indptr[-1] entries on the plan's device that
+    the plan borrows: every run() reads the page ids from it then, so the caller may rewrite it
+    in place between plan and run (or before a CUDA graph replay); keep it alive as long as the
+    plan (fp8mla::Problem::borrowed_kv_indices). The remaining options are fp8mla::PlanOptions (graph
     mode: cuda_graph=True with max_batch, max_total_q, max_kv_indices > 0; exact_scores=True
     keeps fp8_e4m3 scores off the fp8 tensor cores, README "Numerics"; max_tile_rows in 0..64
     caps the rows, heads x query tokens, a tile packs: 16 puts multi-token rows of <= 16 heads
@@ -152,7 +175,8 @@ def plan(
     return _ext.plan(
         _problem_args(qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size, num_pages,
                       sm_scale, kv_format, causal, topk, sparse_indices, device,
-                      causal_len=causal_len),
+                      causal_len=causal_len, q_dtype=q_dtype, out_dtype=out_dtype,
+                      borrowed_kv_indices=borrowed_kv_indices),
         _plan_options(sm_count, ctas_per_sm, min_chunk_tokens, num_threads, cpu_reference,
                       cuda_graph, max_batch, max_total_q, max_kv_indices, max_qo_len,
                       exact_scores, max_tile_rows, any_scale_ratio, kernel_family),
@@ -190,22 +214,32 @@ def replan(
     sparse_indices=None,
     causal_len=None,
     device="cpu",
+    q_dtype="bf16",
+    out_dtype="bf16",
+    borrowed_kv_indices=None,
+    stream=None,
 ):
     """Re-plans a graph-mode Plan (made with cuda_graph=True) in place for a new batch, keeping
     its device buffers so a captured run() replays on the new batch (fp8mla::replan).
 
     Arguments as for plan(). Raises ValueError as plan() does, and when ``plan`` is not a
-    graph-mode plan or num_heads, format, page size, topk or device differ from it, or the new
-    batch exceeds its max_* capacities. Synchronous on the host: call it outside capture. On
-    CUDA it first waits until the device is idle (a run of the plan still queued on any stream
-    reads the buffers it rewrites).
+    graph-mode plan or num_heads, format, page size, topk, device, q_dtype, out_dtype or the
+    borrowed page table's buffer differ from it, or the new batch exceeds its max_* capacities.
+    Call it outside capture. stream=None: synchronous; on CUDA it first waits until the device
+    is idle (a run of the plan still queued on any stream reads the buffers it rewrites).
+    stream given (a cudaStream_t as int or a torch.cuda.Stream): stream-ordered, no host wait;
+    the copies go on that stream from the plan's pinned staging, and every run of the plan
+    must be on that stream or ordered after it (fp8mla::replan(plan, problem, stream)); a page
+    table on the GPU must then be the borrowed one (a device kv_indices is refused).
     """
-    _ext.replan(
-        plan,
-        _problem_args(qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size, num_pages,
-                      sm_scale, kv_format, causal, topk, sparse_indices, device,
-                      causal_len=causal_len),
-    )
+    args = _problem_args(qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size,
+                         num_pages, sm_scale, kv_format, causal, topk, sparse_indices, device,
+                         causal_len=causal_len, q_dtype=q_dtype, out_dtype=out_dtype,
+                         borrowed_kv_indices=borrowed_kv_indices)
+    if stream is None:
+        _ext.replan(plan, args)
+    else:
+        _ext.replan_on_stream(plan, args, _stream(stream, None))
 
 
 def run(

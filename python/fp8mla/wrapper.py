@@ -1,91 +1,173 @@
 """FlashInfer-compatible MLA wrapper over fp8mla: ``BatchMLAPagedAttentionWrapper``.
 
-A drop-in for ``flashinfer.mla.BatchMLAPagedAttentionWrapper`` as SGLang's flashinfer_mla
-backend uses it: ``plan()`` once per batch, ``run()`` once per layer. Differences from
-FlashInfer are listed in docs/python.md; the main ones: FP8 caches are read natively (no cast),
-the workspace buffer is not used (plans own their buffers), and plan() also copies kv_indices
-to the host (fp8mla validates every page id).
+It takes every call form of flashinfer.mla.BatchMLAPagedAttentionWrapper in flashinfer-python
+0.6.18 and 0.7.4 with FlashInfer's semantics: plan() once per batch, run() once per layer, the LSE
+in base 2 unless asked for base e, the FP8 cache's ckv_scale / kpe_scale required, graph mode
+reading the index buffers given to the constructor. What fp8mla does not implement is refused
+with an error naming the argument (NotImplementedError for a valid FlashInfer request fp8mla
+cannot serve, ValueError for an invalid one); docs/python.md lists every difference.
 """
+
+import functools
+import math
+import re
+import warnings
 
 from . import _fp8mla as _ext
 from . import _registry
+from ._flashinfer_args import (
+    FLASHINFER_BACKENDS,
+    LAYOUTS,
+    LSE_MODES,
+    OUTPUT_SCALES,
+    OWN_BACKENDS,
+    SCALE_MODES,
+    MLAPlanMetadata,
+    adjacent_views,
+    array_dtype,
+    csr_from_dense,
+    csr_from_flat,
+    dtype_name,
+    parse_structural,
+    split_last,
+)
 from ._tensors import (
-    as_float,
     device_of,
     empty,
     for_ext,
-    host_i32,
     is_capturing,
+    is_numpy,
     is_torch,
     length,
     max_value,
     page_table,
-    require_array,
     squeeze_head_dim,
     to_log2_inplace,
+    torch_module,
 )
-from .api import DIM_CKV, DIM_KPE, KvFormat, _plan_options, as_format
+from .api import DIM_CKV, DIM_KPE, KvFormat, _plan_options, _problem_args, as_format
 
-_BACKENDS = ("auto", "fa2", "fa3", "cpu", "cpu_reference", "cuda")
-
-
-def _dtype_name(dt, name):
-    """'bfloat16', 'float8_e4m3fn', 'uint8', ... from a torch/numpy dtype or a string."""
-    if dt is None:
-        raise ValueError(f"{name}: a dtype is required")
-    if isinstance(dt, str):
-        text = dt
-    else:
-        text = str(dt)
-        if text.startswith("torch."):
-            text = text[len("torch."):]
-        elif hasattr(dt, "name"):
-            text = dt.name
-        else:
-            try:
-                import numpy as np
-
-                text = np.dtype(dt).name
-            except (ImportError, TypeError):
-                pass
-    text = text.lower()
-    aliases = {"bf16": "bfloat16", "fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn",
-               "e4m3": "float8_e4m3fn", "e4m3fn": "float8_e4m3fn"}
-    return aliases.get(text, text)
+# FlashInfer's C++ names in library messages -> the Python argument the caller passed.
+_RENAMES = (
+    (re.compile(r"\bkv\.ckv_scale\b"), "ckv_scale"),
+    (re.compile(r"\bkv\.kpe_scale\b"), "kpe_scale"),
+    (re.compile(r"\bkv\.ckv\b"), "ckv_cache"),
+    (re.compile(r"\bkv\.kpe\b"), "kpe_cache"),
+    (re.compile(r"\bkv\.format\b"), "kv_data_type"),
+    (re.compile(r"\bkv_len(?=[\[:. ])"), "kv_len_arr"),
+    (re.compile(r"\bborrowed_kv_indices\b"), "kv_indices"),
+    (re.compile(r"\bdevice_kv_indices\b"), "kv_indices"),
+)
 
 
-def _resolve_kv_format(kv_data_type, kv_format):
+def _renamed(err):
+    """A library ValueError re-raised with FlashInfer's Python argument names."""
+    text = str(err)
+    for pattern, name in _RENAMES:
+        text = pattern.sub(name, text)
+    return type(err)(text)
+
+
+def _unsupported(name, what):
+    return NotImplementedError(f"{name}: {what}")
+
+
+def _q_dtype_of(q_data_type, device_kind):
+    """"bf16" or "f16" for a FlashInfer q_data_type; f16 runs on the CPU backend only."""
+    q = dtype_name(q_data_type)
+    if q in ("bfloat16", "uint16"):
+        return "bf16"
+    if q == "float16":
+        if device_kind == "cuda":
+            raise _unsupported(
+                "q_data_type", "torch.float16 queries run on fp8mla's CPU backend only; its CUDA "
+                "kernels take bfloat16 (convert q to bfloat16, or plan on the CPU)")
+        return "f16"
+    if q == "float8_e4m3fn":
+        raise _unsupported("q_data_type", "FP8 queries are not supported; fp8mla reads the FP8 "
+                           "cache with bfloat16 (or, on the CPU, float16) queries")
+    raise ValueError(f"q_data_type: expected torch.bfloat16 or torch.float16, got {q_data_type}")
+
+
+def _kv_format_of(kv_data_type, kv_format):
     """KvFormat from FlashInfer's kv_data_type and fp8mla's optional kv_format."""
-    kv = _dtype_name(kv_data_type, "kv_data_type")
+    kv = dtype_name(kv_data_type)
     bf16_types = ("bfloat16", "uint16")
     fp8_types = ("float8_e4m3fn", "uint8")
+    if kv == "float16":
+        raise _unsupported("kv_data_type", "float16 caches are not supported: fp8mla stores "
+                           "bfloat16, float8_e4m3fn (per-tensor scales) or the 656-byte block "
+                           "format")
     if kv not in bf16_types + fp8_types:
-        raise ValueError(
-            f"kv_data_type: expected torch.bfloat16 or torch.float8_e4m3fn (uint8 accepted as FP8 "
-            f"bytes), got {kv_data_type}"
-        )
+        raise ValueError(f"kv_data_type: expected torch.bfloat16 or torch.float8_e4m3fn (uint8 "
+                         f"taken as FP8 bytes), got {kv_data_type}")
     if kv_format is None:
         return KvFormat.bf16 if kv in bf16_types else KvFormat.fp8_e4m3
     fmt = as_format(kv_format)
-    ok = (fmt == KvFormat.bf16) == (kv in bf16_types)
-    if not ok:
+    if (fmt == KvFormat.bf16) != (kv in bf16_types):
         raise ValueError(
-            f"kv_format: {_ext.format_name(fmt)} does not match kv_data_type {kv_data_type}"
-        )
+            f"kv_format: {_ext.format_name(fmt)} does not match kv_data_type {kv_data_type}")
     return fmt
 
 
-def _check_q_dtype(q_data_type, fmt):
-    q = _dtype_name(q_data_type, "q_data_type")
-    if q in ("bfloat16", "uint16"):
+def _check_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"{name}: expected one of {', '.join(map(repr, choices))}, "
+                         f"got {value!r}")
+
+
+def _same_buffer(a, b):
+    """True when a and b are the same elements of one buffer (a copy between them is a no-op)."""
+    if a is b:
+        return True
+    if is_torch(a) and is_torch(b):
+        return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+                and a.dtype == b.dtype)
+    if is_numpy(a) and is_numpy(b):
+        return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+                and a.shape == b.shape and a.strides == b.strides)
+    return False
+
+
+def _copy_into(dst, src, name):
+    """dst[:len(src)] = src, stream-ordered for torch (non_blocking), as FlashInfer's graph plan
+    fills the constructor's buffers."""
+    n = length(src)
+    if length(dst) < n:
+        raise ValueError(f"{name}: the CUDA graph buffer given to the constructor holds "
+                         f"{length(dst)} entries, fewer than the {n} planned")
+    target = dst[:n]
+    if _same_buffer(target, src):
         return
-    # SGLang's flashinfer_mla decode path passes the KV cache dtype for both q and kv; the
-    # query is still bf16 there, so an FP8 q_data_type with an FP8 cache means "bf16 q".
-    if q == "float8_e4m3fn" and fmt != KvFormat.bf16:
+    if is_torch(dst):
+        torch = torch_module()
+        source = src if is_torch(src) else torch.as_tensor(src)
+        target.copy_(source, non_blocking=True)
+    else:
+        target[...] = src
+
+
+def _deprecated(message):
+    """A DeprecationWarning as FlashInfer 0.7 gives for its deprecated forms; not while
+    torch.compile traces (Dynamo cannot trace warnings.warn)."""
+    torch = torch_module()
+    if torch is not None and torch.compiler.is_compiling():
         return
-    raise ValueError(
-        f"q_data_type: fp8mla computes with bf16 queries (q_nope, q_pe, out), got {q_data_type}"
-    )
+    warnings.warn(message, DeprecationWarning, stacklevel=4)
+
+
+def _warn_positional(method):
+    """FlashInfer 0.7 deprecates positional plan() / run() arguments: warn once per wrapper."""
+
+    @functools.wraps(method)
+    def wrapped(self, *args, **kwargs):
+        if args and not self._warned_positional:
+            self._warned_positional = True
+            _deprecated("Positional MLA arguments are deprecated in FlashInfer 0.7; pass plan() "
+                        "and run() arguments by keyword (fp8mla accepts both).")
+        return method(self, *args, **kwargs)
+
+    return wrapped
 
 
 class BatchMLAPagedAttentionWrapper:
@@ -94,26 +176,32 @@ class BatchMLAPagedAttentionWrapper:
     ``BatchMLAPagedAttentionWrapper(float_workspace_buffer, use_cuda_graph=False,
     qo_indptr=None, kv_indptr=None, kv_indices=None, kv_len_arr=None, backend="auto")``
 
-    float_workspace_buffer: any tensor or array; only its device is used (fp8mla plans own
-        their split-KV workspace). None means the CPU.
-    use_cuda_graph: graph mode. The first plan() allocates fixed-capacity device buffers; later
-        plan() calls rewrite them in place (call plan outside capture), so a graph that captured
-        run() replays on the new batch. Capacities: ``max_batch`` (default: len(qo_indptr) - 1
-        or len(kv_len_arr) of the buffers given here, else the first plan's batch),
-        ``max_total_q`` (default: the first plan's total_q, at least max_batch),
-        ``max_kv_indices`` (default: len(kv_indices) given here, else the first plan's),
-        ``max_qo_len`` (default 0 = max_total_q). The index buffers themselves are not used.
-    backend: "auto" (by the workspace's device), "fa2" / "fa3" (accepted for compatibility,
-        same as "auto"), "cpu", "cpu_reference" (float64 reference path), "cuda".
-    Keyword-only fp8mla extras: ``num_pages`` (pool size; default: learned from the cache
-        passed to the first run()), ``num_threads`` (CPU backend threads, 0 = all cores),
-        ``exact_scores`` (CUDA fp8_e4m3: keep the scores off the fp8 tensor cores, whose
-        accumulator keeps 13 mantissa bits; 21-29% slower; README "Numerics"),
-        ``max_tile_rows`` (0..64: rows, heads x query tokens, a tile packs at most; 0 = the
-        planner's choice, fp8mla::PlanOptions::max_tile_rows).
+    float_workspace_buffer: any tensor or array; its device picks the backend (fp8mla plans own
+        their split-KV workspace, so its size does not matter). None means the CPU.
+    use_cuda_graph: graph mode. As in FlashInfer, plan() copies its index arrays into the int32
+        buffers given here and the kernels read ``kv_indices`` from that buffer when they run
+        (a CUDA graph replay included), so a caller may rewrite it in place between plan and
+        replay; the first plan() sizes the device buffers (capacities: ``max_batch`` = the
+        buffers' batch, ``max_kv_indices`` = len(kv_indices), ``max_total_q`` = the first plan's
+        total_q, at least max_batch; keywords below override them), and later plan() calls are
+        stream-ordered on torch's current stream: no host synchronisation, no allocation. Without
+        buffers (a fp8mla extension) plan() copies the page table and re-plans synchronously.
+    backend: "auto", "fa2", "fa3" (fp8mla's kernels, by the workspace's device), "cpu",
+        "cpu_reference" (float64 reference), "cuda". FlashInfer's other backends ("cutlass",
+        "trtllm-gen", ...) raise NotImplementedError; an unknown name raises ValueError.
+    Keyword-only fp8mla extras: ``num_pages`` (pool size; default: learned from the cache passed
+        to the first run()), ``num_threads`` (CPU threads, 0 = all cores), ``exact_scores`` (CUDA
+        fp8_e4m3: keep the scores off the fp8 tensor cores; README "Numerics"),
+        ``max_tile_rows`` (0..64, fp8mla::PlanOptions::max_tile_rows), ``max_batch``,
+        ``max_total_q``, ``max_kv_indices``, ``max_qo_len`` (graph capacities).
 
-    Raises ValueError for an unknown backend.
+    Attributes engines read: ``device``, ``_backend``, ``_use_cuda_graph``,
+    ``_float_workspace_buffer``, ``_qo_indptr_buf``, ``_kv_indptr_buf``, ``_kv_indices_buf``,
+    ``_kv_len_arr_buf`` and, after plan(), ``_sm_scale``, ``_causal``, ``_page_size``,
+    ``_head_dim_ckv``, ``_q_data_type``, ``_kv_data_type``, ``_use_profiler``, ``_plan_info``.
     """
+
+    _legacy_plan_warned = False
 
     def __init__(
         self,
@@ -134,8 +222,13 @@ class BatchMLAPagedAttentionWrapper:
         exact_scores=False,
         max_tile_rows=0,
     ):
-        if backend not in _BACKENDS:
-            raise ValueError(f"backend: expected one of {', '.join(_BACKENDS)}, got {backend!r}")
+        if backend not in OWN_BACKENDS:
+            if backend in FLASHINFER_BACKENDS:
+                raise _unsupported(
+                    "backend", f"{backend!r} names a FlashInfer kernel family fp8mla does not "
+                    f"have; use 'auto' (or 'fa2' / 'fa3', which select fp8mla's kernels)")
+            raise ValueError(f"backend: expected one of {', '.join(map(repr, OWN_BACKENDS))}, "
+                             f"got {backend!r}")
         self._float_workspace_buffer = float_workspace_buffer
         kind, index = device_of(float_workspace_buffer)
         if backend in ("cpu", "cpu_reference"):
@@ -154,14 +247,24 @@ class BatchMLAPagedAttentionWrapper:
         self._exact_scores = bool(exact_scores)
         self._max_tile_rows = int(max_tile_rows)
         self._use_cuda_graph = bool(use_cuda_graph)
+        self._qo_indptr_buf = qo_indptr
+        self._kv_indptr_buf = kv_indptr
+        self._kv_indices_buf = kv_indices
+        self._kv_len_arr_buf = kv_len_arr
+        if self._use_cuda_graph and kv_indices is not None:
+            if length(getattr(kv_indices, "shape", ())) != 1 or array_dtype(kv_indices) != "int32":
+                raise ValueError("kv_indices: the CUDA graph buffer must be a rank-1 int32 array")
+            if device_of(kv_indices) != self._device:
+                raise ValueError(f"kv_indices: the CUDA graph buffer must be on the workspace's "
+                                 f"device {self.device}")
         self._num_pages = int(num_pages) if num_pages is not None else None
         if max_batch is None and self._use_cuda_graph:
-            if qo_indptr is not None:
-                max_batch = len(qo_indptr) - 1
-            elif kv_len_arr is not None:
-                max_batch = len(kv_len_arr)
+            if kv_len_arr is not None:
+                max_batch = length(kv_len_arr)
+            elif qo_indptr is not None:
+                max_batch = length(qo_indptr) - 1
         if max_kv_indices is None and self._use_cuda_graph and kv_indices is not None:
-            max_kv_indices = len(kv_indices)
+            max_kv_indices = length(kv_indices)
         self._max_batch = max_batch
         self._max_total_q = max_total_q
         self._max_kv_indices = max_kv_indices
@@ -169,118 +272,268 @@ class BatchMLAPagedAttentionWrapper:
         self._plan = None  # the native Plan
         self._problem = None  # host copies + parameters of the last plan()
         self._planned_pages = None
+        self._plan_info = None
+        self._warned_positional = False
+        self._warned_legacy_tensors = False
+        self._warned_dynamic_lse = False
         self._key = _registry.register(self)  # how the torch custom op finds this wrapper
 
     # ---- plan ----
 
+    @_warn_positional
     def plan(
         self,
-        qo_indptr,
-        kv_indptr,
-        kv_indices,
-        kv_len_arr,
-        num_heads,
-        head_dim_ckv,
-        head_dim_kpe,
-        page_size,
-        causal,
-        sm_scale,
-        q_data_type,
-        kv_data_type,
+        qo_indptr=None,
+        kv_indptr=None,
+        kv_indices=None,
+        kv_len_arr=None,
+        num_heads=None,
+        head_dim_ckv=None,
+        head_dim_kpe=None,
+        page_size=None,
+        causal=None,
+        sm_scale=None,
+        q_data_type=None,
+        kv_data_type=None,
         use_profiler=False,
         *,
+        metadata=None,
+        cum_seq_lens_q=None,
+        block_tables=None,
+        seq_lens=None,
+        max_q_len=None,
+        query_layout=None,
+        kv_cache_layout=None,
+        lse_mode="none",
+        output_dtype=None,
+        output_scale="none",
+        scale_mode="default",
+        skip_softmax=False,
+        enable_pdl=None,
+        use_sinks=False,
         kv_format=None,
         num_pages=None,
     ):
-        """Plans attention for one batch (host side; a sync when the arrays live on the GPU).
+        """Plans attention for one batch (FlashInfer 0.6.18 and 0.7.4 forms).
 
-        qo_indptr   int [batch + 1]   query-token offsets (decode: 0, 1, ..., batch)
-        kv_indptr   int [batch + 1]   page offsets into kv_indices
-        kv_indices  int [>= kv_indptr[-1]] page ids (entries past kv_indptr[-1] are ignored)
-        kv_len_arr  int [batch]       cached tokens per request (<= its pages * page_size)
-        num_heads 1..128; head_dim_ckv must be 512 and head_dim_kpe 64 (ValueError otherwise);
-        page_size a power of two in 1..128; causal: query token i of a request with qo_len
-        tokens sees cache tokens [0, kv_len - qo_len + i]; sm_scale > 0 (the caller folds YaRN
-        in); q_data_type bfloat16 (an FP8 q_data_type is taken as bf16 when the cache is FP8,
-        as SGLang passes it); kv_data_type bfloat16 -> bf16 cache, float8_e4m3fn or uint8 ->
-        fp8_e4m3 (per-tensor scale). kv_format="fp8_e4m3_block" selects the 656-byte
-        block-scaled token format (kv_data_type uint8 or float8_e4m3fn). num_pages: the pool
-        size (optional; see the class docstring). use_profiler=True raises ValueError.
+        Metadata, one of: ``metadata=MLAPlanMetadata.csr(qo_indptr, kv_indptr, kv_indices,
+        kv_len_arr)`` (0.7; checked strictly as FlashInfer does: the arrays' batches agree and
+        kv_indptr lists exactly ceil(kv_len / page_size) pages a request), ``.dense(
+        cum_seq_lens_q, block_tables, seq_lens, max_q_len)`` or ``.dual(...)``; the flat CSR
+        arrays (positional or keyword; deprecated in 0.7): batch = len(kv_len_arr), and the first
+        batch + 1 entries of qo_indptr and kv_indptr are read (engines pass over-allocated
+        buffers); or the flat dense arrays. Positional arguments warn (DeprecationWarning) as in
+        FlashInfer 0.7.
 
-        Every index array is checked: ValueError names the argument, index and bound (e.g.
-        "kv_indices[17] = 4096 is outside the pool [0, 4096)"). qo_indptr, kv_indptr and
-        kv_len_arr are copied to the host; kv_indices too, unless it is a torch tensor on the
-        plan's GPU: then it is checked and copied there (device_kv_indices[i] in errors).
+        qo_indptr int32 [batch + 1]; kv_indptr int32 [batch + 1] page offsets; kv_indices int32
+        [>= kv_indptr[batch]] page ids; kv_len_arr int32 [batch] tokens (<= pages * page_size).
+        num_heads 1..128; head_dim_ckv 512 and head_dim_kpe 64 (other widths and NoPE:
+        NotImplementedError); page_size a power of two in 1..128; causal: query token i of a
+        request with qo_len tokens sees cache tokens [0, kv_len - qo_len + i]; sm_scale > 0.
+        q_data_type torch.bfloat16, or torch.float16 on the CPU backend; kv_data_type
+        torch.bfloat16 or torch.float8_e4m3fn (uint8 taken as FP8 bytes); kv_format=
+        "fp8_e4m3_block" (fp8mla extra) selects the 656-byte block-scaled tokens.
+        0.7 contract keywords: query_layout / kv_cache_layout "packed" | "split" (default packed
+        for metadata=, split for the flat forms), lse_mode "none" | "base2" | "basee" (what run()
+        must ask for; flat CSR plans keep 0.6's run-time choice, with a DeprecationWarning),
+        output_dtype (= q_data_type), output_scale "none", scale_mode "default" (FP8 caches:
+        "kv-per-tensor", the default there), skip_softmax False, enable_pdl None / True (fp8mla's
+        CUDA kernels always launch with PDL; False raises NotImplementedError), use_sinks False,
+        use_profiler False. num_pages (fp8mla extra): the pool's size.
+
+        Index arrays may be on the host or the plan's device; those on a GPU are copied to the
+        host (a sync, as FlashInfer's plan), except kv_indices. Bad input raises ValueError
+        naming the argument, the index and the bound.
         """
-        if int(head_dim_ckv) != DIM_CKV:
-            raise ValueError(
-                f"head_dim_ckv: expected {DIM_CKV} (the MLA latent width, kv_lora_rank), "
-                f"got {head_dim_ckv}"
-            )
-        if int(head_dim_kpe) != DIM_KPE:
-            raise ValueError(
-                f"head_dim_kpe: expected {DIM_KPE} (the MLA rotary width, qk_rope_head_dim), "
-                f"got {head_dim_kpe}"
-            )
+        # Metadata forms.
+        flat_csr = any(v is not None for v in (qo_indptr, kv_indptr, kv_indices, kv_len_arr))
+        flat_dense = any(v is not None for v in (cum_seq_lens_q, block_tables, seq_lens,
+                                                 max_q_len))
+        if metadata is not None:
+            if not isinstance(metadata, MLAPlanMetadata) and type(metadata).__name__ != \
+                    "MLAPlanMetadata":
+                raise TypeError("metadata: expected an MLAPlanMetadata instance")
+            if flat_csr or flat_dense:
+                raise ValueError("metadata: given with flat metadata arguments; only one "
+                                 "representation may be supplied")
+            legacy_flat = False
+        else:
+            if flat_csr and flat_dense:
+                raise ValueError("qo_indptr / cum_seq_lens_q: flat CSR and dense metadata forms "
+                                 "cannot be mixed")
+            if not flat_csr and not flat_dense:
+                raise TypeError("plan() requires metadata= or flat metadata arguments")
+            legacy_flat = True
+            if not BatchMLAPagedAttentionWrapper._legacy_plan_warned:
+                BatchMLAPagedAttentionWrapper._legacy_plan_warned = True
+                _deprecated(
+                    "Passing flat BatchMLAPagedAttentionWrapper.plan metadata arrays is "
+                    "deprecated in FlashInfer 0.7; pass metadata=fp8mla.mla.MLAPlanMetadata."
+                    "csr(...) (fp8mla accepts both).")
+        required = {"num_heads": num_heads, "head_dim_ckv": head_dim_ckv,
+                    "head_dim_kpe": head_dim_kpe, "page_size": page_size, "causal": causal,
+                    "sm_scale": sm_scale, "q_data_type": q_data_type,
+                    "kv_data_type": kv_data_type}
+        missing = [name for name, value in required.items() if value is None]
+        if missing:
+            raise TypeError("plan() missing required arguments: " + ", ".join(missing))
+
+        # The run contract (FlashInfer 0.7) and the options fp8mla cannot honour.
+        if query_layout is None:
+            query_layout = "split" if legacy_flat else "packed"
+        if kv_cache_layout is None:
+            kv_cache_layout = "split" if legacy_flat else "packed"
+        _check_choice("query_layout", query_layout, LAYOUTS)
+        _check_choice("kv_cache_layout", kv_cache_layout, LAYOUTS)
+        _check_choice("lse_mode", lse_mode, LSE_MODES)
+        _check_choice("output_scale", output_scale, OUTPUT_SCALES)
+        _check_choice("scale_mode", scale_mode, SCALE_MODES)
         if use_profiler:
-            raise ValueError("use_profiler: FlashInfer's intra-kernel profiler is not supported")
-        fmt = _resolve_kv_format(kv_data_type, kv_format)
-        _check_q_dtype(q_data_type, fmt)
+            raise _unsupported("use_profiler", "FlashInfer's intra-kernel profiler is not "
+                               "supported")
+        if output_scale != "none":
+            raise _unsupported("output_scale", "FP8 outputs (o_scale) are not supported")
+        if scale_mode in ("bmm-scalar", "bmm-tensor"):
+            raise _unsupported("scale_mode", f"{scale_mode!r} (FlashInfer's trtllm-gen BMM "
+                               "scales) is not supported; FP8 caches take kv-per-tensor scales")
+        if skip_softmax:
+            raise _unsupported("skip_softmax", "skip-softmax thresholds are not supported")
+        if use_sinks:
+            raise _unsupported("use_sinks", "attention sinks are not supported")
+        if enable_pdl is False:
+            raise _unsupported("enable_pdl", "fp8mla's CUDA kernels always launch with "
+                               "programmatic dependent launch (stream order is kept); False "
+                               "cannot be honoured")
 
-        qo = host_i32(qo_indptr, "qo_indptr")
-        kvp = host_i32(kv_indptr, "kv_indptr")
-        kvl = host_i32(kv_len_arr, "kv_len_arr")
-        n_indices = int(kvp[length(kvp) - 1]) if length(kvp) else 0
-        if n_indices < 0:
-            raise ValueError(f"kv_indptr[-1]: {n_indices} must be >= 0")
-        if len(kv_indices) < n_indices:
-            raise ValueError(
-                f"kv_indices: expected at least kv_indptr[-1] = {n_indices} entries, "
-                f"got {len(kv_indices)}"
-            )
-        kvi = page_table(kv_indices[:n_indices], self._device)  # on the GPU: stays there
+        for name, value, low in (("head_dim_ckv", head_dim_ckv, 1), ("head_dim_kpe",
+                                                                     head_dim_kpe, 0)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name}: must be an integer >= {low}, got {value!r}")
+        if head_dim_ckv != DIM_CKV:
+            raise _unsupported("head_dim_ckv", f"fp8mla computes MLA with a {DIM_CKV}-wide "
+                               f"latent (kv_lora_rank), got {head_dim_ckv}")
+        if head_dim_kpe != DIM_KPE:
+            raise _unsupported("head_dim_kpe", f"fp8mla computes MLA with a {DIM_KPE}-wide rope "
+                               f"part (NoPE, 0, is not supported), got {head_dim_kpe}")
+        if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size <= 0:
+            raise ValueError(f"page_size: must be a positive int, got {page_size!r}")
+        q_dtype = _q_dtype_of(q_data_type, self._device[0])
+        fmt = _kv_format_of(kv_data_type, kv_format)
+        out_name = dtype_name(output_dtype) if output_dtype is not None else dtype_name(
+            q_data_type)
+        if out_name != dtype_name(q_data_type):
+            raise ValueError(f"output_dtype: must match q_data_type ({q_data_type}), got "
+                             f"{output_dtype}")
+        fp8 = fmt == KvFormat.fp8_e4m3
+        if fp8 and scale_mode == "default":
+            scale_mode = "kv-per-tensor"  # FP8 callers always give ckv / kpe scales at run time
+        if not fp8 and scale_mode != "default":
+            raise ValueError(f"scale_mode: {scale_mode!r} needs an FP8 (float8_e4m3fn) cache "
+                             f"with per-tensor scales; this plan's cache is "
+                             f"{_ext.format_name(fmt)}")
 
-        batch = length(qo) - 1
-        total_q = int(qo[batch]) if batch >= 0 else 0
+        # Index arrays.
+        try:
+            if metadata is not None:
+                if metadata.qo_indptr is not None:
+                    csr = csr_from_flat(metadata.qo_indptr, metadata.kv_indptr,
+                                        metadata.kv_indices, metadata.kv_len_arr, page_size,
+                                        strict=True)
+                else:
+                    csr = csr_from_dense(metadata.cum_seq_lens_q, metadata.block_tables,
+                                         metadata.seq_lens, metadata.max_q_len, page_size)
+            elif flat_csr:
+                csr = csr_from_flat(qo_indptr, kv_indptr, kv_indices, kv_len_arr, page_size,
+                                    strict=False)
+            else:
+                csr = csr_from_dense(cum_seq_lens_q, block_tables, seq_lens, max_q_len, page_size)
+        except ValueError as e:
+            raise _renamed(e) from None
+
+        n_pages = int(csr.kv_indptr[csr.batch]) if csr.batch >= 0 else 0
+        borrowed = None
+        if self._use_cuda_graph and self._kv_indices_buf is not None:
+            # FlashInfer's graph mode: the kernels read the constructor's buffer.
+            _copy_into(self._kv_indices_buf, csr.kv_indices[:n_pages], "kv_indices")
+            borrowed = self._kv_indices_buf
+            kvi = None
+        else:
+            kvi = page_table(csr.kv_indices[:n_pages], self._device)  # on the GPU: stays there
+        if self._use_cuda_graph:
+            for buf, src, name in ((self._qo_indptr_buf, csr.qo_indptr, "qo_indptr"),
+                                   (self._kv_indptr_buf, csr.kv_indptr, "kv_indptr"),
+                                   (self._kv_len_arr_buf, csr.kv_len, "kv_len_arr")):
+                if buf is not None and length(buf) >= length(src):
+                    _copy_into(buf, src, name)
+        else:
+            self._qo_indptr_buf, self._kv_indptr_buf = csr.qo_indptr, csr.kv_indptr
+            self._kv_indices_buf, self._kv_len_arr_buf = csr.kv_indices, csr.kv_len
+
+        batch = csr.batch
+        total_q = int(csr.qo_indptr[batch]) if batch >= 0 else 0
         problem = dict(
-            qo=qo, kvp=kvp, kvi=kvi, kvl=kvl, num_heads=int(num_heads),
-            page_size=int(page_size), fmt=fmt, causal=bool(causal), sm_scale=float(sm_scale),
-            batch=batch, total_q=total_q,
+            qo=csr.qo_indptr, kvp=csr.kv_indptr, kvi=kvi, kvl=csr.kv_len, borrowed=borrowed,
+            n_pages=n_pages, num_heads=int(num_heads), page_size=int(page_size), fmt=fmt,
+            causal=bool(causal), sm_scale=float(sm_scale), batch=batch, total_q=total_q,
+            q_dtype=q_dtype, out_dtype=q_dtype,
         )
         if num_pages is not None:
             self._num_pages = int(num_pages)
         # The pool size is not a FlashInfer plan() argument: use the one given or learned from
-        # an earlier run(); otherwise plan for the smallest pool the indices fit (every check
-        # but the pool bound runs now) and re-plan when run() sees the cache.
+        # an earlier run(); otherwise plan for the smallest pool the host indices fit (every
+        # check but the pool bound runs now) and re-plan when run() sees the cache.
         pages = self._num_pages
         if pages is None:
-            pages = max(max_value(kvi) + 1, 1) if length(kvi) else 1
-        self._build(pages, problem)
-        self._problem = problem  # only once it planned: a failed plan() leaves the last one
+            if kvi is not None and length(kvi):
+                pages = max(max_value(kvi) + 1, 1)
+            elif borrowed is not None and n_pages and not is_torch(borrowed):
+                pages = max(int(borrowed[:n_pages].max()) + 1, 1)
+            else:
+                pages = 1
+        try:
+            self._build(pages, problem)
+        except ValueError as e:
+            raise _renamed(e) from None
+        # Only once it planned: a failed plan() leaves the last one.
+        self._problem = problem
+        self._contract = dict(
+            lse_mode=lse_mode, dynamic_lse=legacy_flat and flat_csr and lse_mode == "none",
+            query_layout=query_layout, kv_cache_layout=kv_cache_layout,
+            output_dtype=out_name, scale_mode=scale_mode,
+        )
+        self._sm_scale = float(sm_scale)
+        self._causal = bool(causal)
+        self._page_size = int(page_size)
+        self._head_dim_ckv = int(head_dim_ckv)
+        self._q_data_type = q_data_type
+        self._kv_data_type = kv_data_type
+        self._use_profiler = bool(use_profiler)
+        self._plan_info = self._plan
 
     def _build(self, num_pages, p):
         """(Re-)plans problem ``p`` for a pool of ``num_pages`` pages."""
-        if p["batch"] <= 0 and length(p["qo"]) == 1:
+        if p["batch"] <= 0:
             # An empty batch (SGLang's idle step): nothing to plan or compute.
             self._planned_pages = num_pages
             return
         kind, index = self._device
-        # api._problem_args' tuple, from the arrays plan() already converted.
-        args = (
-            p["qo"], p["kvp"], p["kvi"], p["kvl"], p["num_heads"], p["page_size"],
-            int(num_pages), p["fmt"], p["causal"], p["sm_scale"], 0, None, None, kind, index,
-        )
+        args = _problem_args(p["qo"], p["kvp"], p["kvi"], p["kvl"], p["num_heads"],
+                             p["page_size"], num_pages, p["sm_scale"], p["fmt"], p["causal"], 0,
+                             None, (kind, index), q_dtype=p["q_dtype"], out_dtype=p["out_dtype"],
+                             borrowed_kv_indices=p["borrowed"])
         if self._use_cuda_graph and self._plan is not None:
-            _ext.replan(self._plan, args)
+            stream = self._plan_stream(p)
+            if stream is None:
+                _ext.replan(self._plan, args)
+            else:
+                _ext.replan_on_stream(self._plan, args, stream)
         else:
             graph = self._use_cuda_graph
             max_batch = self._max_batch or p["batch"]
             max_total_q = self._max_total_q or max(p["total_q"], max_batch)
-            max_kv = self._max_kv_indices or max(length(p["kvi"]), 1)
+            max_kv = self._max_kv_indices or max(p["n_pages"], 1)
             # PlanOptions' own defaults (the device's SM count, the kernel's residency, 64-token
-            # chunks): the split the C++ planner is tuned and benchmarked with (bench/NOTES.md
-            # v22; the fixed 2 CTAs per SM and 256-token chunks used here before cost e.g.
-            # 1/8/4096 12.7 instead of 9.0 us on the H200).
+            # chunks): the split the C++ planner is tuned and benchmarked with.
             self._plan = _ext.plan(args, _plan_options(
                 num_threads=self._num_threads, cpu_reference=self._cpu_reference,
                 cuda_graph=graph,
@@ -291,13 +544,26 @@ class BatchMLAPagedAttentionWrapper:
                 exact_scores=self._exact_scores, max_tile_rows=self._max_tile_rows))
         self._planned_pages = num_pages
 
+    def _plan_stream(self, p):
+        """The stream a graph-mode re-plan is ordered on (torch's current stream of the plan's
+        GPU), or None for the synchronous form: CPU plans, and a copied page table on the GPU
+        (the library checks that one with a host round trip)."""
+        kind, index = self._device
+        if kind != "cuda" or (p["borrowed"] is None and is_torch(p["kvi"]) and p["kvi"].is_cuda):
+            return None
+        torch = torch_module()
+        if torch is None:
+            return None
+        return int(torch.cuda.current_stream(index).cuda_stream)
+
     # ---- run ----
 
+    @_warn_positional
     def run(
         self,
-        q_nope,
-        q_pe,
-        ckv_cache,
+        q_nope=None,
+        q_pe=None,
+        ckv_cache=None,
         kpe_cache=None,
         out=None,
         lse=None,
@@ -306,68 +572,143 @@ class BatchMLAPagedAttentionWrapper:
         kv_len=None,
         page_table=None,
         return_lse_base_on_e=False,
+        o_scale=None,
         *,
-        k_scale=None,
+        query=None,
+        kv_cache=None,
         ckv_scale=None,
-        kpe_scale=None,
         ckv_scale_arr=None,
+        kpe_scale=None,
+        sinks=None,
+        skip_softmax_threshold_scale_factor=None,
+        bmm1_scale=None,
+        bmm2_scale=None,
+        k_scale=None,
     ):
-        """Runs attention for the planned batch.
+        """Runs attention for the planned batch (FlashInfer 0.6.18 and 0.7.4 forms).
 
-        q_nope  bf16 [total_q, H, 512]; q_pe bf16 [total_q, H, 64] (innermost stride 1; slices
-                of one [total_q, H, 576] tensor are fine)
-        ckv_cache, kpe_cache: the paged cache, strides read from the tensors (two views of one
-                [pages, page_size, 576] buffer, as SGLang passes them, or two buffers; a head dim
-                of 1, [pages, page_size, 1, D], is squeezed):
-                bf16 cache:     bf16 [pages, page_size, 512] and [pages, page_size, 64]
-                fp8_e4m3:       float8_e4m3fn or uint8, same shapes
-                fp8_e4m3_block: uint8 [pages, page_size, 656]; kpe_cache is ignored
-        out     bf16 [total_q, H, 512] (allocated like q_nope when None)
-        lse     float32 [total_q, H] (allocated when None and return_lse)
-        return_lse: return (out, lse) instead of out. The LSE is base 2 (FlashInfer's) unless
-                return_lse_base_on_e=True.
-        k_scale / ckv_scale / kpe_scale: FP8 dequantisation scales (real = code * scale) for
-                the fp8_e4m3 cache; k_scale sets both, ckv_scale / kpe_scale override it;
-                default 1.0 (SGLang's unscaled pool). Python floats keep run() capture-safe (a
-                tensor is read with a host sync).
-        profiler_buffer / ckv_scale_arr: not supported (ValueError when given). kv_len and
-                page_table are ignored, as FlashInfer ignores them outside its cutlass backend.
+        Inputs: ``query=`` / ``kv_cache=`` (0.7: a packed [.., 576] tensor or a (nope, rope)
+        pair) or the 0.6 arguments q_nope [total_q, H, 512], q_pe [total_q, H, 64], ckv_cache
+        [pages, page_size, 512], kpe_cache [pages, page_size, 64] (deprecated in 0.7; accepted
+        with a DeprecationWarning). Views of one buffer (SGLang's pool) or two buffers; a head
+        dim of 1, [pages, page_size, 1, D], is squeezed. The block format's cache is uint8
+        [pages, page_size, 656] (kpe_cache None).
+        out: [total_q, H, 512] of the output dtype (allocated when None); lse float32
+        [total_q, H], written when given (base 2, or base e with return_lse_base_on_e) and
+        returned with return_lse. FP8 caches need ckv_scale and kpe_scale (real = code x scale;
+        Python floats keep run() capture-safe); fp8mla's k_scale sets both. ckv_scale_arr:
+        NotImplementedError. kv_len / page_table (FlashInfer's cutlass inputs), o_scale, sinks,
+        skip_softmax_threshold_scale_factor, bmm1_scale / bmm2_scale, profiler_buffer: ValueError
+        naming them, as FlashInfer's fa2 / fa3 backends do.
 
         With torch tensors it runs on torch's current CUDA stream through the custom op
-        fp8mla::mla_decode (CUDA-graph capturable, torch.compile traceable). Raises ValueError
-        for tensors that do not match the plan (dtype, shape, innermost stride, device; the
-        message names the tensor), RuntimeError when plan() was not called.
+        fp8mla::mla_decode (CUDA-graph capturable, torch.compile traceable).
         """
         if self._problem is None:
-            raise RuntimeError("run() called before plan()")
-        if profiler_buffer is not None:
-            raise ValueError("profiler_buffer: FlashInfer's profiler is not supported")
-        if ckv_scale_arr is not None:
-            raise ValueError(
-                "ckv_scale_arr: per-token FP8 scales are not supported; use "
-                "kv_format='fp8_e4m3_block' (per-token, per-128-value scales) instead"
-            )
-        require_array(q_nope, "q_nope", 3)
-        fmt = self._problem["fmt"]
-        ckv_cache = squeeze_head_dim(ckv_cache)
-        if fmt == KvFormat.fp8_e4m3_block:
-            kpe_cache = None
-        else:
-            if kpe_cache is None:
-                raise ValueError(f"kpe_cache: required for the {_ext.format_name(fmt)} cache")
-            kpe_cache = squeeze_head_dim(kpe_cache)
-        cs = as_float(ckv_scale if ckv_scale is not None else k_scale, "ckv_scale") or 1.0
-        ks = as_float(kpe_scale if kpe_scale is not None else k_scale, "kpe_scale") or 1.0
-        if fmt != KvFormat.fp8_e4m3 and (cs != 1.0 or ks != 1.0):
-            raise ValueError(
-                f"k_scale: scales apply to the fp8_e4m3 cache only, not {_ext.format_name(fmt)}"
-            )
+            raise RuntimeError("BatchMLAPagedAttentionWrapper.run() called before plan()")
+        # What only FlashInfer's other backends take: refused, as its fa2 / fa3 refuse them.
+        for name, value, why in (
+            ("kv_len", kv_len, "is only supported with FlashInfer's cutlass backend; fp8mla "
+             "reads the lengths planned by plan()"),
+            ("page_table", page_table, "is only supported with FlashInfer's cutlass backend; "
+             "fp8mla reads the pages planned by plan()"),
+            ("o_scale", o_scale, "(FP8 outputs) is only supported with FlashInfer's cutlass "
+             "backend"),
+            ("sinks", sinks, "attention sinks are not supported"),
+            ("skip_softmax_threshold_scale_factor", skip_softmax_threshold_scale_factor,
+             "skip-softmax is not supported"),
+            ("bmm1_scale", bmm1_scale, "BMM scales are not supported"),
+            ("bmm2_scale", bmm2_scale, "BMM scales are not supported"),
+            ("profiler_buffer", profiler_buffer, "FlashInfer's profiler is not supported"),
+        ):
+            if value is not None:
+                raise ValueError(f"{name}: {why}")
+        p = self._problem
+        fmt = p["fmt"]
+        contract = self._contract
 
+        # Inputs: the 0.7 structural forms or the 0.6 tensors.
+        if query is None:
+            if (q_nope is None) != (q_pe is None):
+                raise ValueError("q_nope / q_pe: both must be provided")
+            if q_nope is None:
+                raise TypeError("run() requires query= or q_nope and q_pe")
+            legacy = True
+        else:
+            if q_nope is not None or q_pe is not None:
+                raise TypeError("query: pass either query= or q_nope / q_pe, not both")
+            q_nope, q_pe = self._structural(query, "query", (DIM_CKV, DIM_KPE),
+                                            contract["query_layout"])
+            legacy = False
+        if kv_cache is None:
+            if ckv_cache is None:
+                raise TypeError("run() requires kv_cache= or ckv_cache and kpe_cache")
+            if kpe_cache is None and fmt != KvFormat.fp8_e4m3_block:
+                raise ValueError("kpe_cache: ckv_cache and kpe_cache must both be provided")
+            legacy = True
+        else:
+            if ckv_cache is not None or kpe_cache is not None:
+                raise TypeError("kv_cache: pass either kv_cache= or ckv_cache / kpe_cache, "
+                                "not both")
+            if fmt == KvFormat.fp8_e4m3_block:
+                ckv_cache, kpe_cache = kv_cache, None
+            else:
+                ckv_cache, kpe_cache = self._structural(kv_cache, "kv_cache", (DIM_CKV, DIM_KPE),
+                                                        contract["kv_cache_layout"])
+        if legacy and not self._warned_legacy_tensors:
+            self._warned_legacy_tensors = True
+            _deprecated("q_nope / q_pe and ckv_cache / kpe_cache are deprecated in FlashInfer 0.7; "
+                        "pass query= and kv_cache= (fp8mla accepts both).")
+
+        # The LSE contract (0.7): what run() asks for must be what plan() declared, except for
+        # flat CSR plans, which keep 0.6's run-time choice.
+        asked = "none"
+        if return_lse or lse is not None or return_lse_base_on_e:
+            asked = "basee" if return_lse_base_on_e else "base2"
+        if asked != contract["lse_mode"]:
+            if not contract["dynamic_lse"]:
+                raise ValueError(f"lse_mode: the plan declared {contract['lse_mode']!r} but run() "
+                                 f"asks for {asked!r}; re-plan with lse_mode={asked!r}")
+            if not self._warned_dynamic_lse:
+                self._warned_dynamic_lse = True
+                _deprecated("FlashInfer 0.7 flat CSR plans allow a run-time LSE only "
+                            "temporarily; pass lse_mode= to plan().")
+
+        # Scales: FP8 caches need both (as FlashInfer requires), other formats none.
+        if k_scale is not None:
+            ckv_scale = k_scale if ckv_scale is None else ckv_scale
+            kpe_scale = k_scale if kpe_scale is None else kpe_scale
+        if fmt == KvFormat.fp8_e4m3:
+            if ckv_scale_arr is not None:
+                raise _unsupported("ckv_scale_arr", "per-token, per-128-channel scales in a "
+                                   "separate array are not supported; the fp8_e4m3_block cache "
+                                   "format (kv_format='fp8_e4m3_block') keeps such scales in "
+                                   "each token")
+            if ckv_scale is None:
+                raise ValueError("ckv_scale: required when kv_data_type is FP8 (exactly one of "
+                                 "ckv_scale or ckv_scale_arr); SGLang's unscaled pool is 1.0")
+            if kpe_scale is None:
+                raise ValueError("kpe_scale: required when kv_data_type is FP8")
+            cs = self._scale(ckv_scale, "ckv_scale")
+            ks = self._scale(kpe_scale, "kpe_scale")
+        else:
+            for name, value in (("ckv_scale", ckv_scale), ("ckv_scale_arr", ckv_scale_arr),
+                                ("kpe_scale", kpe_scale)):
+                if value is not None:
+                    raise ValueError(f"{name}: ckv_scale / ckv_scale_arr / kpe_scale are only "
+                                     f"valid when kv_data_type is FP8 (float8_e4m3fn); this "
+                                     f"plan's cache is {_ext.format_name(fmt)}")
+            cs = ks = 1.0
+
+        self._check_inputs(q_nope, q_pe, ckv_cache, kpe_cache, out, lse)
+        ckv_cache = squeeze_head_dim(ckv_cache)
+        kpe_cache = squeeze_head_dim(kpe_cache) if fmt != KvFormat.fp8_e4m3_block else None
+        rows = (q_nope.shape[0], q_nope.shape[1])
         if out is None:
-            out = empty(q_nope, (q_nope.shape[0], q_nope.shape[1], DIM_CKV), "bf16")
-        want_lse = return_lse or lse is not None
+            out = empty(q_nope, rows + (DIM_CKV,), p["out_dtype"])
+        want_lse = asked != "none"
         if want_lse and lse is None:
-            lse = empty(q_nope, (q_nope.shape[0], q_nope.shape[1]), "f32")
+            lse = empty(q_nope, rows, "f32")
         if not want_lse:
             lse = None
 
@@ -382,12 +723,83 @@ class BatchMLAPagedAttentionWrapper:
             to_log2_inplace(lse)
         return (out, lse) if return_lse else out
 
+    @staticmethod
+    def _scale(x, name):
+        try:
+            v = float(x)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name}: expected a number or a one-element tensor, got "
+                             f"{x!r}") from None
+        if not math.isfinite(v) or v <= 0.0:
+            raise ValueError(f"{name}: must be a finite positive value, got {x}")
+        return v
+
+    @staticmethod
+    def _structural(value, name, widths, declared):
+        """(nope, rope) of a query= / kv_cache= value under the planned layout: a packed value
+        is split; a split pair declared "packed" must be two adjacent views (FlashInfer takes it
+        zero-copy then, and refuses independent buffers)."""
+        packed, pair = parse_structural(value, name)
+        if packed is not None:
+            return split_last(packed, widths, name)
+        left, right = pair
+        if declared == "packed" and not adjacent_views(left, right):
+            layout = "query_layout" if name == "query" else "kv_cache_layout"
+            raise ValueError(f"{name}: the plan declared {layout}='packed' but run() got two "
+                             f"independent tensors; re-plan with {layout}='split'")
+        return left, right
+
+    def _check_inputs(self, q_nope, q_pe, ckv_cache, kpe_cache, out, lse):
+        """dtype checks naming the Python arguments and the planned FlashInfer dtypes."""
+        p = self._problem
+        q_want = ("bfloat16", "uint16") if p["q_dtype"] == "bf16" else ("float16",)
+        for name, t in (("q_nope", q_nope), ("q_pe", q_pe)):
+            if not hasattr(t, "shape"):
+                raise TypeError(f"{name}: expected an array or tensor with DLPack support "
+                                f"(numpy, torch, cupy), got {type(t).__name__}")
+            if len(t.shape) != 3:
+                raise ValueError(f"{name}.ndim: expected 3 dimensions, got shape "
+                                 f"{tuple(t.shape)}")
+            if array_dtype(t) not in q_want:
+                raise ValueError(f"{name}.dtype={array_dtype(t)} does not match the planned "
+                                 f"q_data_type={dtype_name(self._q_data_type)}")
+        fmt = p["fmt"]
+        kv_want = {KvFormat.bf16: ("bfloat16", "uint16"),
+                   KvFormat.fp8_e4m3: ("float8_e4m3fn", "uint8"),
+                   KvFormat.fp8_e4m3_block: ("uint8", "float8_e4m3fn")}[fmt]
+        for name, t in (("ckv_cache", ckv_cache), ("kpe_cache", kpe_cache)):
+            if t is None:
+                continue
+            if not hasattr(t, "shape"):
+                raise TypeError(f"{name}: expected an array or tensor with DLPack support, got "
+                                f"{type(t).__name__}")
+            if array_dtype(t) not in kv_want:
+                raise ValueError(f"{name}.dtype={array_dtype(t)} does not match the planned "
+                                 f"kv_data_type={dtype_name(self._kv_data_type)}")
+        if out is not None:
+            want = self._contract["output_dtype"]
+            got = array_dtype(out)
+            if not (got == want or (want == "bfloat16" and got == "uint16")):
+                raise ValueError(f"out.dtype={got} does not match the planned output dtype "
+                                 f"{want}")
+        if lse is not None and array_dtype(lse) != "float32":
+            raise ValueError(f"lse.dtype={array_dtype(lse)}: expected float32")
+
     def _run_native(self, q_nope, q_pe, ckv_cache, kpe_cache, out, lse, ckv_scale, kpe_scale,
                     stream):
         """Calls the library (used directly for numpy, through the torch op for torch)."""
+        p = self._problem
+        if p["batch"] <= 0 or p["total_q"] == 0:
+            return  # nothing to compute; out has no rows (or no planned rows)
         pages = int(ckv_cache.shape[0]) if getattr(ckv_cache, "ndim", 0) >= 1 else None
-        if self._problem["batch"] <= 0 and length(self._problem["qo"]) == 1:
-            return  # empty batch: out has 0 rows
+        if pages == 0 and p["n_pages"] == 0:
+            # A pool of no pages and a batch that lists none: every row sees no token.
+            if is_capturing(q_nope) or self._use_cuda_graph:
+                raise RuntimeError("ckv_cache: an empty pool cannot serve a CUDA graph plan")
+            out[...] = 0
+            if lse is not None:
+                lse[...] = -math.inf
+            return
         if pages is not None and pages != self._planned_pages:
             if is_capturing(q_nope):
                 raise RuntimeError(
@@ -396,22 +808,18 @@ class BatchMLAPagedAttentionWrapper:
                     "capture: pass num_pages= to plan() or run once before capturing"
                 )
             self._num_pages = pages
-            self._build(pages, self._problem)
+            try:
+                self._build(pages, p)
+            except ValueError as e:
+                raise _renamed(e) from None
         elif pages is not None:
             self._num_pages = pages  # later plan() calls check the pool bound at once
-        _ext.run(
-            self._plan,
-            for_ext(q_nope),
-            for_ext(q_pe),
-            for_ext(ckv_cache),
-            for_ext(kpe_cache),
-            for_ext(out),
-            for_ext(lse),
-            float(ckv_scale),
-            float(kpe_scale),
-            None,
-            int(stream),
-        )
+        try:
+            _ext.run(self._plan, for_ext(q_nope), for_ext(q_pe), for_ext(ckv_cache),
+                     for_ext(kpe_cache), for_ext(out), for_ext(lse), float(ckv_scale),
+                     float(kpe_scale), None, int(stream))
+        except ValueError as e:
+            raise _renamed(e) from None
 
     # FlashInfer's older names.
     begin_forward = plan

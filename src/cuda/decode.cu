@@ -371,7 +371,10 @@ void cuda_run(PlanState& plan, const RunArgs& args) {
   DecodeParams p{};
   p.tiles = b.tiles;
   p.num_tiles = b.counts;
-  p.kv_indices = b.kv_indices;
+  // A borrowed page table (Problem::borrowed_kv_indices) is read where the caller keeps it.
+  p.kv_indices = plan.borrowed_kv_indices.defined()
+                     ? static_cast<const std::int32_t*>(plan.borrowed_kv_indices.data)
+                     : b.kv_indices;
   p.sparse_indices = args.sparse_indices.defined()
                          ? static_cast<const std::int32_t*>(args.sparse_indices.data)
                          : b.sparse;

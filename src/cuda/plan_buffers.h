@@ -1,6 +1,9 @@
 // Internal: the device side of a CUDA plan (allocated by cuda_upload_plan in runtime.cu).
 #pragma once
 
+#include <cuda_runtime.h>
+
+#include <cstddef>
 #include <cstdint>
 
 #include "src/cuda/decode_params.h"
@@ -28,6 +31,16 @@ struct CudaPlanBuffers {
   MergeItem* merge = nullptr;              // [cap_merge]
   float* partial_o = nullptr;              // [cap_partial_rows, 512]
   float* partial_lse = nullptr;            // [cap_partial_rows]
+
+  // Graph mode: pinned host staging for the stream-ordered replan (cuda_upload_plan_async), two
+  // slots of staging_bytes used in turn; staged[i] is recorded on the stream after slot i's
+  // copies, and a replan waits for it only before refilling that slot.
+  std::uint8_t* staging[2] = {nullptr, nullptr};
+  cudaEvent_t staged[2] = {nullptr, nullptr};
+  bool staged_pending[2] = {false, false};
+  int next_slot = 0;
+  std::size_t staging_bytes = 0;
+  bool staging_pages = false;  // the slots hold a page table (false when the plan borrows one)
 };
 
 // 16-row m-tiles of the kernel that runs tiles of up to `rows` rows.

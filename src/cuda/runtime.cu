@@ -2,6 +2,7 @@
 #include <cuda.h>
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -157,6 +158,14 @@ void destroy_cuda_buffers(CudaPlanBuffers* b) noexcept {
                   static_cast<void*>(b->partial_o), static_cast<void*>(b->partial_lse)}) {
     cuda_free(p);
   }
+  for (int slot = 0; slot < 2; ++slot) {
+    // A stream-ordered replan's copies may still read the slot: let them finish first.
+    if (b->staged[slot] != nullptr) {
+      (void)cudaEventSynchronize(b->staged[slot]);
+      (void)cudaEventDestroy(b->staged[slot]);
+    }
+    if (b->staging[slot] != nullptr) (void)cudaFreeHost(b->staging[slot]);
+  }
   delete b;
 }
 
@@ -182,19 +191,110 @@ void upload(T* dst, const std::vector<T>& src, std::int64_t cap, const char* wha
   if (!src.empty()) cuda_copy_to_device(dst, src.data(), src.size() * sizeof(T));
 }
 
+// What a plan's device buffers hold, built on the host from the PlanState.
+struct HostArrays {
+  std::vector<DeviceTile> tiles;
+  std::vector<MergeItem> merge;  // every row of every split request
+  std::vector<std::int32_t> counts;
+  int max_rows = 1;  // the most rows of any tile
+};
+
+HostArrays host_arrays(const PlanState& plan) {
+  HostArrays h;
+  for (int r = 0; r < plan.batch; ++r) {
+    if (plan.num_splits[r] <= 1) continue;
+    const int rows = (plan.qo_indptr[r + 1] - plan.qo_indptr[r]) * plan.num_heads;
+    for (int row = 0; row < rows; ++row) h.merge.push_back({r, row});
+  }
+  for (const WorkTile& t : plan.tiles) h.max_rows = std::max(h.max_rows, t.q_count * t.head_count);
+  h.tiles.reserve(plan.tiles.size());
+  const bool sparse = plan.topk > 0;
+  for (const WorkTile& t : plan.tiles) {
+    const int r = t.request;
+    // The kernels read DeviceTile::kv_len for the causal mask only (kv_end bounds the tokens).
+    h.tiles.push_back({t, plan.qo_indptr[r] + t.q_begin, plan.qo_indptr[r + 1] - plan.qo_indptr[r],
+                       sparse ? 0 : static_cast<std::int32_t>(causal_mask_len(plan, r)),
+                       sparse ? 0 : plan.kv_indptr[r], plan.partial_offset[r]});
+  }
+  h.counts = {static_cast<std::int32_t>(plan.tiles.size()),
+              static_cast<std::int32_t>(h.merge.size())};
+  return h;
+}
+
+// The new problem within what the buffers (and a captured kernel) were made for.
+void require_fits_buffers(const PlanState& plan, const CudaPlanBuffers& b, const HostArrays& h) {
+  if (row_tiles_for(h.max_rows) > b.row_tiles) {
+    throw Error(ErrorCode::invalid_argument, "problem.qo_indptr",
+                msg("tiles of ", h.max_rows, " rows exceed the ", 16 * b.row_tiles,
+                    " rows the graph-mode plan was made for (raise options.max_qo_len)"));
+  }
+  if (plan.partial_rows > b.cap_partial_rows) {
+    throw Error(
+        ErrorCode::invalid_argument, "problem",
+        msg(plan.partial_rows, " split-KV partial rows exceed the capacity ", b.cap_partial_rows));
+  }
+  require_fits(static_cast<std::int64_t>(h.tiles.size()), b.cap_tiles, "tiles");
+  require_fits(static_cast<std::int64_t>(plan.qo_indptr.size()), b.cap_batch + 1, "qo_indptr");
+  require_fits(static_cast<std::int64_t>(plan.kv_indices.size()), b.cap_kv_indices, "kv_indices");
+  require_fits(static_cast<std::int64_t>(plan.sparse_indices.size()), b.cap_sparse,
+               "sparse_indices");
+  require_fits(static_cast<std::int64_t>(h.merge.size()), b.cap_merge, "merge rows");
+}
+
+// Host-side facts run() reads (grid sizes, the merge layout) after an upload.
+void set_live_sizes(const PlanState& plan, CudaPlanBuffers& b, const HostArrays& h) {
+  b.num_tiles = h.counts[0];
+  b.num_merge = h.counts[1];
+  b.max_splits = plan.num_splits.empty()
+                     ? 1
+                     : *std::max_element(plan.num_splits.begin(), plan.num_splits.end());
+}
+
+// One staging slot's layout: each array at its capacity, 64-byte aligned, in this order.
+struct StagingLayout {
+  std::size_t tiles = 0, qo_indptr = 0, num_splits = 0, partial_offset = 0, kv_indices = 0,
+              sparse = 0, merge = 0, counts = 0, bytes = 0;
+};
+
+StagingLayout staging_layout(const CudaPlanBuffers& b) {
+  StagingLayout l;
+  std::size_t at = 0;
+  auto place = [&](std::int64_t n, std::size_t element) {
+    const std::size_t offset = at;
+    at += (static_cast<std::size_t>(std::max<std::int64_t>(n, 0)) * element + 63) / 64 * 64;
+    return offset;
+  };
+  l.tiles = place(b.cap_tiles, sizeof(DeviceTile));
+  l.qo_indptr = place(b.cap_batch + 1, sizeof(std::int32_t));
+  l.num_splits = place(b.cap_batch, sizeof(std::int32_t));
+  l.partial_offset = place(b.cap_batch, sizeof(std::int64_t));
+  l.kv_indices = place(b.staging_pages ? b.cap_kv_indices : 0, sizeof(std::int32_t));
+  l.sparse = place(b.cap_sparse, sizeof(std::int32_t));
+  l.merge = place(b.cap_merge, sizeof(MergeItem));
+  l.counts = place(2, sizeof(std::int32_t));
+  l.bytes = at;
+  return l;
+}
+
+// Graph mode: the pinned staging slots and their events (made once, with the buffers).
+void allocate_staging(CudaPlanBuffers& b, bool borrowed_pages) {
+  b.staging_pages = !borrowed_pages;
+  b.staging_bytes = staging_layout(b).bytes;
+  for (int slot = 0; slot < 2; ++slot) {
+    void* host = nullptr;
+    FP8MLA_CUDA_CHECK(cudaMallocHost(&host, b.staging_bytes));
+    b.staging[slot] = static_cast<std::uint8_t*>(host);
+    FP8MLA_CUDA_CHECK(cudaEventCreateWithFlags(&b.staged[slot], cudaEventDisableTiming));
+  }
+}
+
 }  // namespace
 
 void cuda_upload_plan(PlanState& plan) {
   FP8MLA_CUDA_CHECK(cudaSetDevice(plan.device_id));
   const PlanOptions& o = plan.options;
-  std::vector<MergeItem> merge;
-  for (int r = 0; r < plan.batch; ++r) {
-    if (plan.num_splits[r] <= 1) continue;
-    const int rows = (plan.qo_indptr[r + 1] - plan.qo_indptr[r]) * plan.num_heads;
-    for (int row = 0; row < rows; ++row) merge.push_back({r, row});
-  }
-  int max_rows = 1;
-  for (const WorkTile& t : plan.tiles) max_rows = std::max(max_rows, t.q_count * t.head_count);
+  const HostArrays h = host_arrays(plan);
+  const bool borrowed = plan.borrowed_kv_indices.defined();
 
   if (!plan.cuda) {
     auto b = std::unique_ptr<CudaPlanBuffers, CudaBuffersDeleter>(new CudaPlanBuffers);
@@ -204,20 +304,20 @@ void cuda_upload_plan(PlanState& plan) {
       // The planner's bounds for any problem within max_* (derived in plan.cpp).
       b->cap_batch = o.max_batch;
       b->cap_tiles = plan.tile_capacity;
-      b->cap_kv_indices = o.max_kv_indices;
+      b->cap_kv_indices = borrowed ? 0 : o.max_kv_indices;
       b->cap_sparse = static_cast<std::int64_t>(o.max_total_q) * std::max(plan.topk, 0);
       b->cap_partial_rows = plan.partial_rows_capacity;
       b->cap_merge = static_cast<std::int64_t>(o.max_total_q) * plan.num_heads;
     } else {
       b->cap_batch = plan.batch;
       b->cap_tiles = static_cast<std::int64_t>(plan.tiles.size());
-      b->cap_kv_indices = plan.kv_indptr.empty() ? 0 : plan.kv_indptr.back();
+      b->cap_kv_indices = borrowed || plan.kv_indptr.empty() ? 0 : plan.kv_indptr.back();
       b->cap_sparse = static_cast<std::int64_t>(plan.sparse_indices.size());
       b->cap_partial_rows = plan.partial_rows;
-      b->cap_merge = static_cast<std::int64_t>(merge.size());
+      b->cap_merge = static_cast<std::int64_t>(h.merge.size());
     }
     // The planner's bound (kernel_rows, the one its residency came from) covers every tile.
-    b->row_tiles = row_tiles_for(std::max(plan.kernel_rows, max_rows));
+    b->row_tiles = row_tiles_for(std::max(plan.kernel_rows, h.max_rows));
     b->tiles = alloc<DeviceTile>(b->cap_tiles, b->device_id);
     b->counts = alloc<std::int32_t>(2, b->device_id);
     b->qo_indptr = alloc<std::int32_t>(b->cap_batch + 1, b->device_id);
@@ -228,6 +328,7 @@ void cuda_upload_plan(PlanState& plan) {
     b->merge = alloc<MergeItem>(b->cap_merge, b->device_id);
     b->partial_o = alloc<float>(b->cap_partial_rows * kDimCkv, b->device_id);
     b->partial_lse = alloc<float>(b->cap_partial_rows, b->device_id);
+    if (o.cuda_graph) allocate_staging(*b, borrowed);
     plan.cuda = std::move(b);
   } else {
     // replan(): a run of this plan may still be in flight on any stream (also one that does not
@@ -237,27 +338,8 @@ void cuda_upload_plan(PlanState& plan) {
     FP8MLA_CUDA_CHECK(cudaDeviceSynchronize());
   }
   CudaPlanBuffers& b = *plan.cuda;
-  if (row_tiles_for(max_rows) > b.row_tiles) {
-    throw Error(ErrorCode::invalid_argument, "problem.qo_indptr",
-                msg("tiles of ", max_rows, " rows exceed the ", 16 * b.row_tiles,
-                    " rows the graph-mode plan was made for (raise options.max_qo_len)"));
-  }
-  if (plan.partial_rows > b.cap_partial_rows) {
-    throw Error(
-        ErrorCode::invalid_argument, "problem",
-        msg(plan.partial_rows, " split-KV partial rows exceed the capacity ", b.cap_partial_rows));
-  }
-  std::vector<DeviceTile> tiles;
-  tiles.reserve(plan.tiles.size());
-  const bool sparse = plan.topk > 0;
-  for (const WorkTile& t : plan.tiles) {
-    const int r = t.request;
-    // The kernels read DeviceTile::kv_len for the causal mask only (kv_end bounds the tokens).
-    tiles.push_back({t, plan.qo_indptr[r] + t.q_begin, plan.qo_indptr[r + 1] - plan.qo_indptr[r],
-                     sparse ? 0 : static_cast<std::int32_t>(causal_mask_len(plan, r)),
-                     sparse ? 0 : plan.kv_indptr[r], plan.partial_offset[r]});
-  }
-  upload(b.tiles, tiles, b.cap_tiles, "tiles");
+  require_fits_buffers(plan, b, h);
+  upload(b.tiles, h.tiles, b.cap_tiles, "tiles");
   upload(b.qo_indptr, plan.qo_indptr, b.cap_batch + 1, "qo_indptr");
   upload(b.num_splits, plan.num_splits, b.cap_batch, "num_splits");
   upload(b.partial_offset, plan.partial_offset, b.cap_batch, "partial_offset");
@@ -271,17 +353,54 @@ void cuda_upload_plan(PlanState& plan) {
     upload(b.kv_indices, plan.kv_indices, b.cap_kv_indices, "kv_indices");
   }
   upload(b.sparse, plan.sparse_indices, b.cap_sparse, "sparse_indices");
-  upload(b.merge, merge, b.cap_merge, "merge rows");
-  b.num_tiles = static_cast<std::int32_t>(plan.tiles.size());
-  b.num_merge = static_cast<std::int32_t>(merge.size());
-  b.max_splits = plan.num_splits.empty()
-                     ? 1
-                     : *std::max_element(plan.num_splits.begin(), plan.num_splits.end());
-  const std::vector<std::int32_t> counts = {b.num_tiles, b.num_merge};
-  upload(b.counts, counts, 2, "counts");
+  upload(b.merge, h.merge, b.cap_merge, "merge rows");
+  upload(b.counts, h.counts, 2, "counts");
+  set_live_sizes(plan, b, h);
   // cudaMemcpy from pageable memory (and the device-to-device copy) may return before the DMA
   // lands; run() may be on a stream that does not wait for the legacy one, so wait here.
   FP8MLA_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+}
+
+void cuda_upload_plan_async(PlanState& plan, void* stream) {
+  FP8MLA_CUDA_CHECK(cudaSetDevice(plan.device_id));
+  if (!plan.cuda || !plan.cuda->graph || plan.cuda->staging[0] == nullptr) {
+    throw Error(ErrorCode::internal, "plan",
+                "the stream-ordered replan needs a graph-mode plan's staging buffers");
+  }
+  CudaPlanBuffers& b = *plan.cuda;
+  const HostArrays h = host_arrays(plan);
+  require_fits_buffers(plan, b, h);
+  if (b.staging_pages == plan.borrowed_kv_indices.defined()) {
+    throw Error(ErrorCode::internal, "plan", "the page table's source changed since plan()");
+  }
+  const auto s = static_cast<cudaStream_t>(stream);
+  const int slot = b.next_slot;
+  // The copies of the replan two calls back read this slot; usually they finished long ago.
+  if (b.staged_pending[slot]) FP8MLA_CUDA_CHECK(cudaEventSynchronize(b.staged[slot]));
+  b.staged_pending[slot] = false;
+  std::uint8_t* base = b.staging[slot];
+  const StagingLayout l = staging_layout(b);
+  auto stage = [&](void* device, const void* host, std::size_t bytes, std::size_t offset) {
+    if (bytes == 0) return;
+    std::memcpy(base + offset, host, bytes);
+    FP8MLA_CUDA_CHECK(cudaMemcpyAsync(device, base + offset, bytes, cudaMemcpyHostToDevice, s));
+  };
+  auto bytes_of = [](const auto& v) { return v.size() * sizeof(v[0]); };
+  stage(b.tiles, h.tiles.data(), bytes_of(h.tiles), l.tiles);
+  stage(b.qo_indptr, plan.qo_indptr.data(), bytes_of(plan.qo_indptr), l.qo_indptr);
+  stage(b.num_splits, plan.num_splits.data(), bytes_of(plan.num_splits), l.num_splits);
+  stage(b.partial_offset, plan.partial_offset.data(), bytes_of(plan.partial_offset),
+        l.partial_offset);
+  if (b.staging_pages) {
+    stage(b.kv_indices, plan.kv_indices.data(), bytes_of(plan.kv_indices), l.kv_indices);
+  }
+  stage(b.sparse, plan.sparse_indices.data(), bytes_of(plan.sparse_indices), l.sparse);
+  stage(b.merge, h.merge.data(), bytes_of(h.merge), l.merge);
+  stage(b.counts, h.counts.data(), bytes_of(h.counts), l.counts);
+  FP8MLA_CUDA_CHECK(cudaEventRecord(b.staged[slot], s));
+  b.staged_pending[slot] = true;
+  b.next_slot = 1 - slot;
+  set_live_sizes(plan, b, h);
 }
 
 }  // namespace fp8mla::detail

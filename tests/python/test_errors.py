@@ -27,44 +27,55 @@ def planned(**kw):
     return w
 
 
-# (plan() override, expected argument name in the message)
+# A valid FlashInfer request fp8mla does not implement: NotImplementedError naming the argument.
+UNSUPPORTED = NotImplementedError
+
+# (plan() override, expected argument name in the message[, the exception when not ValueError])
 PLAN_ERRORS = [
-    (dict(head_dim_ckv=128), "head_dim_ckv"),
-    (dict(head_dim_kpe=32), "head_dim_kpe"),
+    (dict(head_dim_ckv=128), "head_dim_ckv", UNSUPPORTED),
+    (dict(head_dim_kpe=32), "head_dim_kpe", UNSUPPORTED),
+    (dict(head_dim_kpe=0), "head_dim_kpe", UNSUPPORTED),  # NoPE
+    (dict(head_dim_ckv=-1), "head_dim_ckv"),
     (dict(num_heads=0), "num_heads"),
     (dict(num_heads=129), "num_heads"),
     (dict(page_size=3), "page_size"),
     (dict(page_size=256), "page_size"),
     (dict(sm_scale=0.0), "sm_scale"),
     (dict(sm_scale=float("nan")), "sm_scale"),
-    (dict(q_data_type="float16"), "q_data_type"),
-    (dict(kv_data_type="float16"), "kv_data_type"),
+    (dict(q_data_type="float32"), "q_data_type"),
+    (dict(q_data_type="float8_e4m3fn"), "q_data_type", UNSUPPORTED),
+    (dict(kv_data_type="float16"), "kv_data_type", UNSUPPORTED),
+    (dict(kv_data_type="float32"), "kv_data_type"),
     (dict(kv_data_type="bfloat16", kv_format="fp8_e4m3_block"), "kv_format"),
-    (dict(use_profiler=True), "use_profiler"),
+    (dict(use_profiler=True), "use_profiler", UNSUPPORTED),
     (dict(qo_indptr=np.array([0, 2, 1], np.int32)), "qo_indptr"),
     (dict(qo_indptr=np.array([1, 2, 3], np.int32)), "qo_indptr"),
     (dict(kv_indptr=np.array([0, 3, 2], np.int32)), "kv_indptr"),
     (dict(kv_indptr=np.array([0, 2, 6], np.int32)), "kv_indices"),  # fewer indices than listed
     (dict(kv_indices=np.array([0, 1, 2, PAGES], np.int32)), "kv_indices"),
     (dict(kv_indices=np.array([0, -1, 2, 3], np.int32)), "kv_indices"),
-    (dict(kv_len_arr=np.array([5, 9], np.int32)), "kv_len"),  # > 2 pages * 4
-    (dict(kv_len_arr=np.array([-1, 8], np.int32)), "kv_len"),
-    (dict(kv_len_arr=np.array([5], np.int32)), "kv_len"),
-    (dict(qo_indptr=np.array([0, 6, 7], np.int32), causal=True), "kv_len"),  # qo_len > kv_len
+    (dict(kv_len_arr=np.array([5, 9], np.int32)), r"kv_len_arr\[1\]"),  # > 2 pages * 4
+    (dict(kv_len_arr=np.array([-1, 8], np.int32)), r"kv_len_arr\[0\]"),
+    # batch = len(kv_len_arr), as FlashInfer reads it: qo_indptr needs batch + 1 entries.
+    (dict(kv_len_arr=np.array([5, 8, 3], np.int32)), "qo_indptr"),
+    (dict(qo_indptr=np.array([0, 6, 7], np.int32), causal=True), "kv_len_arr"),  # qo > kv
     (dict(kv_indices=np.array([0, 1, 2, 2**40])), "kv_indices"),  # does not fit int32
     (dict(kv_indices=np.array([0.0, 1.0, 2.0, 3.0])), "kv_indices"),  # not integers
     (dict(qo_indptr=np.zeros((2, 2), np.int32)), "qo_indptr"),
 ]
 
 
-@pytest.mark.parametrize("override,name", PLAN_ERRORS)
-def test_plan_errors_name_the_argument(override, name):
-    with pytest.raises(ValueError, match=name):
+@pytest.mark.parametrize("case", PLAN_ERRORS, ids=lambda c: c[1])
+def test_plan_errors_name_the_argument(case):
+    override, name, exc = (case + (ValueError,))[:3]
+    with pytest.raises(exc, match=name):
         planned(**override)
 
 
 def test_bad_backend():
     with pytest.raises(ValueError, match="backend"):
+        fp8mla.BatchMLAPagedAttentionWrapper(None, backend="nope")
+    with pytest.raises(NotImplementedError, match="backend"):  # a FlashInfer kernel family
         fp8mla.BatchMLAPagedAttentionWrapper(None, backend="cutlass")
 
 
@@ -72,7 +83,7 @@ def run_args(total_q=2, heads=HEADS):
     q = np.zeros((total_q, heads, 576), np.uint16)
     pool = np.zeros((PAGES, PAGE, 576), np.uint8)
     return dict(q_nope=q[:, :, :512], q_pe=q[:, :, 512:], ckv_cache=pool[:, :, :512],
-                kpe_cache=pool[:, :, 512:])
+                kpe_cache=pool[:, :, 512:], ckv_scale=1.0, kpe_scale=1.0)
 
 
 # (run() override, expected name)
@@ -85,21 +96,30 @@ RUN_ERRORS = [
     (dict(out=np.zeros((2, HEADS, 256), np.uint16)), "out"),
     (dict(out=np.zeros((2, HEADS, 512), np.float32)), "out"),
     (dict(lse=np.zeros((2, HEADS + 1), np.float32)), "lse"),
-    (dict(ckv_cache=np.zeros((PAGES, PAGE, 512), np.float32)), "ckv"),
-    (dict(ckv_cache=np.zeros((PAGES, PAGE * 2, 512), np.uint8)), "ckv"),  # page size differs
-    (dict(kpe_cache=np.zeros((PAGES, PAGE, 63), np.uint8)), "kpe"),
+    (dict(ckv_cache=np.zeros((PAGES, PAGE, 512), np.float32)), "ckv_cache"),
+    (dict(ckv_cache=np.zeros((PAGES, PAGE * 2, 512), np.uint8)), "ckv_cache"),  # page size
+    (dict(kpe_cache=np.zeros((PAGES, PAGE, 63), np.uint8)), "kpe_cache"),
     (dict(kpe_cache=None), "kpe_cache"),
-    (dict(k_scale=0.0), "scale"),
-    (dict(k_scale=float("inf")), "scale"),
-    (dict(ckv_scale_arr=np.ones(4, np.float32)), "ckv_scale_arr"),
+    (dict(ckv_scale=0.0), "ckv_scale"),
+    (dict(kpe_scale=float("inf")), "kpe_scale"),
+    (dict(ckv_scale=None), "ckv_scale"),  # an FP8 cache needs its scales, as in FlashInfer
+    (dict(kpe_scale=None), "kpe_scale"),
+    (dict(ckv_scale_arr=np.ones(4, np.float32)), "ckv_scale_arr", UNSUPPORTED),
     (dict(profiler_buffer=np.zeros(4, np.uint8)), "profiler_buffer"),
+    (dict(kv_len=np.array([5, 8], np.int32)), "kv_len"),  # FlashInfer's cutlass inputs
+    (dict(page_table=np.zeros((2, 2), np.int32)), "page_table"),
+    (dict(o_scale=1.0), "o_scale"),
+    (dict(sinks=np.zeros(HEADS, np.float32)), "sinks"),
+    (dict(bmm1_scale=1.0, bmm2_scale=1.0), "bmm1_scale"),
+    (dict(skip_softmax_threshold_scale_factor=1.0), "skip_softmax_threshold_scale_factor"),
 ]
 
 
-@pytest.mark.parametrize("override,name", RUN_ERRORS)
-def test_run_errors_name_the_tensor(override, name):
+@pytest.mark.parametrize("case", RUN_ERRORS, ids=lambda c: c[1])
+def test_run_errors_name_the_tensor(case):
+    override, name, exc = (case + (ValueError,))[:3]
     w = planned()
-    with pytest.raises(ValueError, match=name):
+    with pytest.raises(exc, match=name):
         w.run(**{**run_args(), **override})
 
 
@@ -113,15 +133,16 @@ def test_scale_for_non_fp8_cache():
     w = planned(kv_data_type="bfloat16")
     pool = np.zeros((PAGES, PAGE, 576), np.uint16)
     a = run_args()
-    with pytest.raises(ValueError, match="scale"):
-        w.run(a["q_nope"], a["q_pe"], pool[:, :, :512], pool[:, :, 512:], k_scale=0.5)
+    for scale in ("ckv_scale", "kpe_scale", "k_scale"):
+        with pytest.raises(ValueError, match="scale"):
+            w.run(a["q_nope"], a["q_pe"], pool[:, :, :512], pool[:, :, 512:], **{scale: 0.5})
 
 
 def test_not_an_array():
     w = planned()
     a = run_args()
     with pytest.raises(TypeError, match="q_nope"):
-        w.run("q", a["q_pe"], a["ckv_cache"], a["kpe_cache"])
+        w.run("q", a["q_pe"], a["ckv_cache"], a["kpe_cache"], ckv_scale=1.0, kpe_scale=1.0)
 
 
 def test_low_level_errors():

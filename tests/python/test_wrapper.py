@@ -16,6 +16,14 @@ import fp8mla
 import mla_ref as ref
 
 
+# run()'s scales for an fp8_e4m3 cache: FlashInfer requires both (unit: SGLang's pool).
+UNIT = dict(ckv_scale=1.0, kpe_scale=1.0)
+
+
+def scales(fmt):
+    return UNIT if fmt == "fp8_e4m3" else {}
+
+
 def flashinfer_plan(w, b, heads, causal, sm_scale, q_dtype, kv_dtype, **kw):
     w.plan(b.qo_indptr, b.kv_indptr, b.kv_indices, b.kv_len, heads, 512, 64, b.page_size, causal,
            sm_scale, q_dtype, kv_dtype, **kw)
@@ -34,14 +42,14 @@ def test_sglang_decode_sequence_fp8_pool(rng):
         bs = len(kv_lens)
         q_indptr = np.arange(bs + 1, dtype=np.int32)
         w.plan(q_indptr, kv_indptr, kv_indices, kv_lens.astype(np.int32), heads, 512, 64, 1,
-               False, sm_scale, "float8_e4m3fn", "float8_e4m3fn")
+               False, sm_scale, "bfloat16", "float8_e4m3fn")
         for layer in range(layers):
             vals = ref.random_tokens(rng, (pool_tokens,), "fp8_e4m3")
             k_buffer = fp8mla.encode_tokens(vals, "fp8_e4m3")[:, None, :]  # [tokens, 1, 576]
             pool = ref.decode_tokens(k_buffer, "fp8_e4m3")  # [tokens, 1, 576] = [P, S=1, 576]
             q_bits, q = ref.random_q(rng, bs, heads)  # reshaped_q [bs, heads, 576]
             o = w.run(q_bits[:, :, :512], q_bits[:, :, 512:], k_buffer[:, :, :512],
-                      k_buffer[:, :, 512:])
+                      k_buffer[:, :, 512:], **UNIT)
             ro, _ = ref.attention(q, pool, q_indptr, kv_indptr, kv_indices, kv_lens, 1, False,
                                   np.float32(sm_scale))
             ref.check_attention(o, None, ro, None, f"step {step} layer {layer}")
@@ -88,7 +96,7 @@ def test_cache_layouts(rng, fmt, layout):
     w = fp8mla.BatchMLAPagedAttentionWrapper(None)
     flashinfer_plan(w, b, heads, False, 0.07, "bfloat16", kv_dtype, **kw)
     q_bits, q = ref.random_q(rng, b.total_q, heads)
-    o = w.run(q_bits[:, :, :512], q_bits[:, :, 512:], ckv, kpe)
+    o = w.run(q_bits[:, :, :512], q_bits[:, :, 512:], ckv, kpe, **scales(fmt))
     ro, _ = ref.attention(q, pool, b.qo_indptr, b.kv_indptr, b.kv_indices, b.kv_len, page_size,
                           False, np.float32(0.07))
     ref.check_attention(o, None, ro, None, f"{fmt} {layout}")
@@ -101,8 +109,8 @@ def test_lse_base_2_and_base_e(rng):
     w = fp8mla.BatchMLAPagedAttentionWrapper(None)
     flashinfer_plan(w, b, 2, False, 0.1, "bfloat16", "float8_e4m3fn")
     args = (q_bits[:, :, :512], q_bits[:, :, 512:], data[:, :, :512], data[:, :, 512:])
-    o2, lse2 = w.run(*args, return_lse=True)
-    oe, lsee = w.run(*args, return_lse=True, return_lse_base_on_e=True)
+    o2, lse2 = w.run(*args, return_lse=True, **UNIT)
+    oe, lsee = w.run(*args, return_lse=True, return_lse_base_on_e=True, **UNIT)
     ro, rl = ref.attention(q, pool, b.qo_indptr, b.kv_indptr, b.kv_indices, b.kv_len, 4, False,
                            np.float32(0.1))
     ref.check_attention(oe, lsee, ro, rl, "base e")
@@ -111,7 +119,7 @@ def test_lse_base_2_and_base_e(rng):
     assert np.all(np.isneginf(lse2[1])) and np.all(ref.bf16_to_f64(o2[1]) == 0.0)
     # A caller's lse buffer is filled (base 2) even without return_lse, as FlashInfer does.
     lse = ref.poison_f32((b.total_q, 2))
-    w.run(*args, lse=lse)
+    w.run(*args, lse=lse, **UNIT)
     ref.assert_close(lse, rl / math.log(2.0), ref.LSE_RTOL, ref.LSE_ATOL, "lse buffer")
 
 
@@ -143,10 +151,10 @@ def test_num_pages_learned_from_the_cache_and_given(rng):
                           np.float32(0.1))
     w = fp8mla.BatchMLAPagedAttentionWrapper(None)
     flashinfer_plan(w, b, 2, False, 0.1, "bfloat16", "uint8")
-    ref.check_attention(w.run(*args), None, ro, None, "learned")
-    ref.check_attention(w.run(*args), None, ro, None, "learned, again")
+    ref.check_attention(w.run(*args, **UNIT), None, ro, None, "learned")
+    ref.check_attention(w.run(*args, **UNIT), None, ro, None, "learned, again")
     flashinfer_plan(w, b, 2, False, 0.1, "bfloat16", "uint8")  # now planned with the real size
-    ref.check_attention(w.run(*args), None, ro, None, "replanned")
+    ref.check_attention(w.run(*args, **UNIT), None, ro, None, "replanned")
     bad = b.kv_indices.copy()
     bad[0] = b.num_pages
     with pytest.raises(ValueError, match="kv_indices"):
@@ -154,7 +162,7 @@ def test_num_pages_learned_from_the_cache_and_given(rng):
                "uint8")
     w2 = fp8mla.BatchMLAPagedAttentionWrapper(None, num_pages=b.num_pages)
     flashinfer_plan(w2, b, 2, False, 0.1, "bfloat16", "uint8")
-    ref.check_attention(w2.run(*args), None, ro, None, "num_pages given")
+    ref.check_attention(w2.run(*args, **UNIT), None, ro, None, "num_pages given")
     assert w2.plan_info.batch == 2
 
 
@@ -167,7 +175,7 @@ def test_kv_indices_longer_than_used_and_device_style_buffers(rng):
     w.plan(b.qo_indptr, b.kv_indptr, long_indices, b.kv_len, 2, 512, 64, 1, False, 0.1,
            "bfloat16", "float8_e4m3fn")
     q_bits, q = ref.random_q(rng, b.total_q, 2)
-    o = w.run(q_bits[:, :, :512], q_bits[:, :, 512:], data[:, :, :512], data[:, :, 512:])
+    o = w.run(q_bits[:, :, :512], q_bits[:, :, 512:], data[:, :, :512], data[:, :, 512:], **UNIT)
     ro, _ = ref.attention(q, pool, b.qo_indptr, b.kv_indptr, b.kv_indices, b.kv_len, 1, False,
                           np.float32(0.1))
     ref.check_attention(o, None, ro, None, "long kv_indices")
@@ -182,7 +190,7 @@ def test_empty_batch():
     pool = np.zeros((4, 1, 576), np.uint8)
     q = np.zeros((0, 8, 576), np.uint16)
     o, lse = w.run(q[:, :, :512], q[:, :, 512:], pool[:, :, :512], pool[:, :, 512:],
-                   return_lse=True)
+                   return_lse=True, **UNIT)
     assert o.shape == (0, 8, 512) and lse.shape == (0, 8)
 
 
@@ -198,7 +206,8 @@ def test_reference_backend_agrees(rng, fmt):
     for backend in ("cpu", "cpu_reference"):
         w = fp8mla.BatchMLAPagedAttentionWrapper(None, backend=backend)
         flashinfer_plan(w, b, 16, True, 0.05, "bfloat16", kv_dtype, **kw)
-        outs.append(w.run(q_bits[:, :, :512], q_bits[:, :, 512:], ckv, kpe, return_lse=True))
+        outs.append(w.run(q_bits[:, :, :512], q_bits[:, :, 512:], ckv, kpe, return_lse=True,
+                          **scales(fmt)))
     ro, rl = ref.attention(q, pool, b.qo_indptr, b.kv_indptr, b.kv_indices, b.kv_len, 32, True,
                            np.float32(0.05))
     for (o, lse), name in zip(outs, ("fast", "reference")):
@@ -214,7 +223,7 @@ def test_ml_dtypes_arrays_if_available(rng):
     d8 = data.view(ml_dtypes.float8_e4m3fn)
     w = fp8mla.BatchMLAPagedAttentionWrapper(None)
     flashinfer_plan(w, b, 2, False, 0.1, ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn)
-    o = w.run(qb[:, :, :512], qb[:, :, 512:], d8[:, :, :512], d8[:, :, 512:])
+    o = w.run(qb[:, :, :512], qb[:, :, 512:], d8[:, :, :512], d8[:, :, 512:], **UNIT)
     assert o.dtype == ml_dtypes.bfloat16
     ro, _ = ref.attention(q, pool, b.qo_indptr, b.kv_indptr, b.kv_indices, b.kv_len, 8, False,
                           np.float32(0.1))
@@ -232,7 +241,7 @@ def test_failed_plan_keeps_the_last_plan(rng):
     with pytest.raises(ValueError, match="kv_len"):
         w.plan(b.qo_indptr, b.kv_indptr, b.kv_indices, bad, 2, 512, 64, 4, False, 0.1,
                "bfloat16", "uint8")
-    o = w.run(q_bits[:, :, :512], q_bits[:, :, 512:], data[:, :, :512], data[:, :, 512:])
+    o = w.run(q_bits[:, :, :512], q_bits[:, :, 512:], data[:, :, :512], data[:, :, 512:], **UNIT)
     ro, _ = ref.attention(q, pool, b.qo_indptr, b.kv_indptr, b.kv_indices, b.kv_len, 4, False,
                           np.float32(0.1))
     ref.check_attention(o, None, ro, None, "after a failed plan")
@@ -249,7 +258,8 @@ def test_exact_scores_changes_nothing_on_the_cpu(rng):
     for exact in (False, True):
         w = fp8mla.BatchMLAPagedAttentionWrapper(None, exact_scores=exact)
         flashinfer_plan(w, b, 8, True, 0.3, "bfloat16", "float8_e4m3fn")
-        outs.append(w.run(q_bits[:, :, :512], q_bits[:, :, 512:], ckv, kpe, return_lse=True))
+        outs.append(w.run(q_bits[:, :, :512], q_bits[:, :, 512:], ckv, kpe, return_lse=True,
+                          **UNIT))
     np.testing.assert_array_equal(outs[0][0], outs[1][0])
     np.testing.assert_array_equal(outs[0][1], outs[1][1])
     ro, rl = ref.attention(q, pool, b.qo_indptr, b.kv_indptr, b.kv_indices, b.kv_len, 64, True,

@@ -37,6 +37,11 @@ def kv_dtype(fmt):
     return torch.bfloat16 if fmt == "bf16" else torch.float8_e4m3fn
 
 
+def scales(fmt, scale=1.0):
+    """run()'s scale arguments: an fp8_e4m3 cache needs both (as FlashInfer requires)."""
+    return dict(ckv_scale=scale, kpe_scale=scale) if fmt == "fp8_e4m3" else {}
+
+
 def nan_bf16(shape, device):
     return torch.full(shape, float("nan"), dtype=torch.bfloat16, device=device)
 
@@ -64,7 +69,8 @@ def case_wrapper_formats(rng, device, fmt, page_size, heads, kv_lens, qo_lens, c
     plan_batch(w, b, heads, causal, 0.0625, fmt, device)
     out = nan_bf16((b.total_q, heads, 512), device)
     lse = torch.full((b.total_q, heads), float("nan"), device=device)
-    o, l2 = w.run(qt[:, :, :512], qt[:, :, 512:], ckv, kpe, out=out, lse=lse, return_lse=True)
+    o, l2 = w.run(qt[:, :, :512], qt[:, :, 512:], ckv, kpe, out=out, lse=lse, return_lse=True,
+                  **scales(fmt))
     assert o is out and l2 is lse and o.device == qt.device
     ro, rl = ref.attention(q, pool, b.qo_indptr, b.kv_indptr, b.kv_indices, b.kv_len, page_size,
                            causal, np.float32(0.0625))
@@ -73,7 +79,7 @@ def case_wrapper_formats(rng, device, fmt, page_size, heads, kv_lens, qo_lens, c
                         pool, fp8_scores=fp8_scores)
     # Allocated outputs, base-e LSE.
     o2, le = w.run(qt[:, :, :512], qt[:, :, 512:], ckv, kpe, return_lse=True,
-                   return_lse_base_on_e=True)
+                   return_lse_base_on_e=True, **scales(fmt))
     assert o2.dtype == torch.bfloat16 and o2.shape == (b.total_q, heads, 512)
     ref.check_attention(bits(o2), le.cpu().numpy(), ro, rl, f"torch {fmt} base e", device,
                         pool, fp8_scores=fp8_scores)
@@ -81,8 +87,8 @@ def case_wrapper_formats(rng, device, fmt, page_size, heads, kv_lens, qo_lens, c
 
 def case_sglang_sequence(rng, device, layers=3):
     """SGLang flashinfer_mla decode: per-layer MLATokenToKVPool buffers (stored as uint8,
-    read as float8_e4m3fn [size, 1, 576]), index tensors on the device, plan per batch with the
-    pool dtype as q_data_type and kv_data_type, run per layer on q / k_buffer slices."""
+    read as float8_e4m3fn [size, 1, 576]), index tensors on the device, plan per batch (q
+    bfloat16, kv float8_e4m3fn), run per layer on q / k_buffer slices with unit scales."""
     heads, pool_tokens, sm_scale = 16, 2000, 0.13523
     w = make_wrapper(device)
     buffers = []
@@ -101,12 +107,12 @@ def case_sglang_sequence(rng, device, layers=3):
         q_indptr = torch.arange(0, bs + 1, dtype=torch.int32, device=device)
         kv_lens = torch.from_numpy(seq_lens).to(device).to(torch.int32)
         w.plan(q_indptr, kv_indptr, kv_indices, kv_lens, heads, 512, 64, 1, False, sm_scale,
-               torch.float8_e4m3fn, torch.float8_e4m3fn)
+               torch.bfloat16, torch.float8_e4m3fn)
         for layer, (k_buffer, pool) in enumerate(buffers):
             q_bits, q = ref.random_q(rng, bs, heads)
             reshaped_q = bf16(q_bits, device).view(-1, heads, 576)
             o = w.run(reshaped_q[:, :, :512], reshaped_q[:, :, 512:], k_buffer[:, :, :512],
-                      k_buffer[:, :, 512:])
+                      k_buffer[:, :, 512:], ckv_scale=1.0, kpe_scale=1.0)
             o = o.view(-1, heads * 512)  # what SGLang does with the result
             ro, _ = ref.attention(q, pool, q_indptr.cpu().numpy(), kv_indptr.cpu().numpy(),
                                   kv_indices.cpu().numpy(), seq_lens, 1, False,
@@ -129,7 +135,7 @@ def case_opcheck(rng, device):
     qt = bf16(q_bits, device)
     w = make_wrapper(device, num_pages=b.num_pages)
     plan_batch(w, b, 4, False, 0.1, "fp8_e4m3", device)
-    w.run(qt[:, :, :512], qt[:, :, 512:], ckv, kpe)  # registers the plan key
+    w.run(qt[:, :, :512], qt[:, :, 512:], ckv, kpe, **scales("fp8_e4m3"))  # registers the key
     out = torch.empty(b.total_q, 4, 512, dtype=torch.bfloat16, device=device)
     lse = torch.empty(b.total_q, 4, dtype=torch.float32, device=device)
     args = (w._key, qt[:, :, :512], qt[:, :, 512:], ckv, kpe, out, lse, 1.0, 1.0)
@@ -151,7 +157,8 @@ def case_compile(rng, device, backend):
 
     def layer(x, ckv, kpe):
         y = x * 1.0  # some work around the op
-        o, lse = w.run(y[:, :, :512], y[:, :, 512:], ckv, kpe, return_lse=True)
+        o, lse = w.run(y[:, :, :512], y[:, :, 512:], ckv, kpe, return_lse=True,
+                       **scales("fp8_e4m3"))
         return o.float() * 2.0, lse
 
     torch._dynamo.reset()

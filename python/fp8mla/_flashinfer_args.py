@@ -1,0 +1,249 @@
+"""FlashInfer's MLA argument forms, normalised for fp8mla's wrapper (fp8mla.wrapper).
+
+FlashInfer 0.6.18 and 0.7.4 call BatchMLAPagedAttentionWrapper in several forms: plan() with flat
+CSR arrays (positional or keyword), with ``metadata=MLAPlanMetadata.csr(...)`` / ``.dense(...)`` /
+``.dual(...)``, or with flat dense arrays; run() with ``q_nope, q_pe, ckv_cache, kpe_cache`` or
+with structural ``query=`` / ``kv_cache=`` values (a packed tensor or a (nope, rope) pair). This
+module turns each form into the arrays and views the library takes, and reads the index arrays
+as FlashInfer reads them. It imports no framework: torch and numpy arrays are told apart by
+fp8mla._tensors.
+"""
+
+from dataclasses import dataclass
+from typing import Optional
+
+from ._tensors import host_i32, is_numpy, is_torch, length, numpy_module
+
+# FlashInfer's backend names (0.6.18 and 0.7.4). "auto", "fa2" and "fa3" select fp8mla's own
+# kernels; the others name FlashInfer kernels fp8mla does not have.
+FLASHINFER_BACKENDS = (
+    "auto", "fa2", "fa3", "cutlass", "cutile", "trtllm-gen", "xqa", "autotune", "cute-dsl",
+    "cute-dsl-monolithic", "cute-dsl-modular", "cute-dsl-rubin-mtp",
+)
+OWN_BACKENDS = ("auto", "fa2", "fa3", "cpu", "cpu_reference", "cuda")
+
+LSE_MODES = ("none", "base2", "basee")
+LAYOUTS = ("packed", "split")
+SCALE_MODES = ("default", "kv-per-tensor", "bmm-scalar", "bmm-tensor")
+OUTPUT_SCALES = ("none", "per-tensor")
+
+
+@dataclass(frozen=True)
+class MLAPlanMetadata:
+    """FlashInfer 0.7's plan metadata: CSR (qo_indptr, kv_indptr, kv_indices, kv_len_arr), dense
+    (cum_seq_lens_q, block_tables, seq_lens, max_q_len) or both ("dual"). Same fields and
+    constructors as flashinfer.mla.MLAPlanMetadata."""
+
+    qo_indptr: Optional[object] = None
+    kv_indptr: Optional[object] = None
+    kv_indices: Optional[object] = None
+    kv_len_arr: Optional[object] = None
+    cum_seq_lens_q: Optional[object] = None
+    block_tables: Optional[object] = None
+    seq_lens: Optional[object] = None
+    max_q_len: Optional[int] = None
+
+    @classmethod
+    def csr(cls, qo_indptr, kv_indptr, kv_indices, kv_len_arr):
+        return cls(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
+                   kv_len_arr=kv_len_arr)
+
+    @classmethod
+    def dense(cls, cum_seq_lens_q, block_tables, seq_lens, max_q_len=None):
+        return cls(cum_seq_lens_q=cum_seq_lens_q, block_tables=block_tables, seq_lens=seq_lens,
+                   max_q_len=max_q_len)
+
+    @classmethod
+    def dual(cls, qo_indptr, kv_indptr, kv_indices, kv_len_arr, *, cum_seq_lens_q, block_tables,
+             seq_lens, max_q_len=None):
+        return cls(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
+                   kv_len_arr=kv_len_arr, cum_seq_lens_q=cum_seq_lens_q,
+                   block_tables=block_tables, seq_lens=seq_lens, max_q_len=max_q_len)
+
+
+def dtype_name(dt):
+    """'bfloat16', 'float16', 'float8_e4m3fn', 'uint8', ... from a torch/numpy dtype or a string
+    (None stays None)."""
+    if dt is None:
+        return None
+    if isinstance(dt, str):
+        text = dt
+    else:
+        text = str(dt)
+        if text.startswith("torch."):
+            text = text[len("torch."):]
+        elif hasattr(dt, "name"):
+            text = dt.name
+        else:
+            np = numpy_module()
+            if np is not None:
+                try:
+                    text = np.dtype(dt).name
+                except TypeError:
+                    pass
+    text = text.lower()
+    aliases = {"bf16": "bfloat16", "half": "float16", "f16": "float16", "fp16": "float16",
+               "fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "e4m3": "float8_e4m3fn",
+               "e4m3fn": "float8_e4m3fn", "float": "float32", "f32": "float32"}
+    return aliases.get(text, text)
+
+
+def array_dtype(a):
+    """dtype_name of an array's element type; numpy's uint16 carries bf16 bits."""
+    return dtype_name(a.dtype)
+
+
+# ---- plan metadata ----
+
+@dataclass
+class Csr:
+    """The CSR arrays as the plan reads them: host int32 qo_indptr / kv_indptr [batch + 1] and
+    kv_len [batch]; kv_indices as given (host or device, >= kv_indptr[batch] entries) or None
+    when the dense form gave the pages (then `pages` holds them on the host)."""
+
+    qo_indptr: object
+    kv_indptr: object
+    kv_len: object
+    kv_indices: object
+    batch: int
+    strict: bool
+
+
+def _rank1_int32(name, a, *, strict_dtype):
+    if a is None:
+        raise TypeError(f"{name}: required")
+    if not hasattr(a, "shape") and not isinstance(a, (list, tuple)):
+        raise ValueError(f"{name}: expected an int32 array or tensor, got {type(a).__name__}")
+    if hasattr(a, "shape") and len(a.shape) != 1:
+        raise ValueError(f"{name}: expected rank 1, got shape {tuple(a.shape)}")
+    if strict_dtype and hasattr(a, "dtype") and dtype_name(a.dtype) != "int32":
+        raise ValueError(f"{name}: expected dtype int32, got {dtype_name(a.dtype)}")
+
+
+def csr_from_flat(qo_indptr, kv_indptr, kv_indices, kv_len_arr, page_size, *, strict):
+    """Reads flat CSR metadata as FlashInfer does. batch = len(kv_len_arr); qo_indptr and
+    kv_indptr give (at least) batch + 1 entries, of which the first batch + 1 are read, as engines
+    pass over-allocated graph buffers (strict, the metadata= form: exactly batch + 1, and
+    kv_indptr's page counts equal ceil(kv_len_arr / page_size), as FlashInfer 0.7 checks)."""
+    for name, a in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr),
+                    ("kv_indices", kv_indices), ("kv_len_arr", kv_len_arr)):
+        _rank1_int32(name, a, strict_dtype=strict)
+    kvl = host_i32(kv_len_arr, "kv_len_arr")
+    batch = length(kvl)
+    qo = host_i32(qo_indptr, "qo_indptr")
+    kvp = host_i32(kv_indptr, "kv_indptr")
+    for name, a in (("qo_indptr", qo), ("kv_indptr", kvp)):
+        n = length(a)
+        if strict and n != batch + 1:
+            raise ValueError(
+                f"{name}: CSR metadata batch dimensions must agree: kv_len_arr has {batch} "
+                f"entries, so {name} needs {batch + 1}, got {n}")
+        if n < batch + 1:
+            raise ValueError(f"{name}: expected at least len(kv_len_arr) + 1 = {batch + 1} "
+                             f"entries, got {n}")
+    qo, kvp = qo[: batch + 1], kvp[: batch + 1]
+    n_pages = int(kvp[batch]) if batch >= 0 else 0
+    if length(kv_indices) < n_pages:
+        raise ValueError(f"kv_indices: expected at least kv_indptr[{batch}] = {n_pages} entries, "
+                         f"got {length(kv_indices)}")
+    if strict:
+        for r in range(batch):
+            want = (int(kvl[r]) + page_size - 1) // page_size if int(kvl[r]) >= 0 else 0
+            got = int(kvp[r + 1]) - int(kvp[r])
+            if got != want:
+                raise ValueError(
+                    f"kv_indptr: CSR metadata page counts must equal ceil(kv_len_arr / "
+                    f"page_size): request {r} lists {got} pages for kv_len_arr[{r}] = "
+                    f"{int(kvl[r])} at page_size {page_size}")
+    return Csr(qo, kvp, kvl, kv_indices, batch, strict)
+
+
+def csr_from_dense(cum_seq_lens_q, block_tables, seq_lens, max_q_len, page_size):
+    """FlashInfer's dense metadata (block_tables [batch, width] of page ids, seq_lens [batch])
+    as CSR on the host: request r lists its first ceil(seq_lens[r] / page_size) pages."""
+    for name, a in (("cum_seq_lens_q", cum_seq_lens_q), ("seq_lens", seq_lens)):
+        _rank1_int32(name, a, strict_dtype=True)
+    if block_tables is None or not hasattr(block_tables, "shape") or len(block_tables.shape) != 2:
+        raise ValueError("block_tables: expected a rank-2 int32 array [batch, pages]")
+    if dtype_name(block_tables.dtype) != "int32":
+        raise ValueError(f"block_tables: expected dtype int32, got {dtype_name(block_tables.dtype)}")
+    qo = host_i32(cum_seq_lens_q, "cum_seq_lens_q")
+    kvl = host_i32(seq_lens, "seq_lens")
+    table = host_i32(block_tables, "block_tables", ndim=2)
+    batch = length(qo) - 1
+    if batch < 0 or table.shape[0] != batch or length(kvl) != batch:
+        raise ValueError(
+            f"dense metadata batch dimensions must agree: cum_seq_lens_q describes {batch}, "
+            f"block_tables has {table.shape[0]} rows and seq_lens {length(kvl)} entries")
+    if max_q_len is not None:
+        longest = max((int(qo[r + 1]) - int(qo[r]) for r in range(batch)), default=0)
+        if not isinstance(max_q_len, int) or isinstance(max_q_len, bool) or max_q_len < longest:
+            raise ValueError(f"max_q_len: must be an int >= the longest query ({longest}), "
+                             f"got {max_q_len!r}")
+    np = numpy_module()
+    counts = [(max(int(kvl[r]), 0) + page_size - 1) // page_size for r in range(batch)]
+    for r, c in enumerate(counts):
+        if c > table.shape[1]:
+            raise ValueError(f"block_tables: row {r} has {table.shape[1]} pages, fewer than the "
+                             f"{c} seq_lens[{r}] = {int(kvl[r])} needs at page_size {page_size}")
+    kvp = np.zeros(batch + 1, dtype=np.int32)
+    kvp[1:] = np.cumsum(counts)
+    kvi = np.concatenate([table[r, :c] for r, c in enumerate(counts)] or
+                         [np.zeros(0, dtype=np.int32)]).astype(np.int32)
+    return Csr(qo, kvp, kvl, kvi, batch, True)
+
+
+# ---- run() inputs ----
+
+def is_array(x):
+    return is_torch(x) or is_numpy(x) or hasattr(x, "__dlpack__")
+
+
+def parse_structural(value, name):
+    """(packed, (nope, rope)) of a structural query / kv_cache value: a tensor (packed), a
+    (nope, rope) pair, or FlashInfer's dual nesting of both; either part may be None."""
+    if is_array(value):
+        return value, None
+    if type(value) is not tuple or len(value) != 2:
+        raise TypeError(f"{name}: expected a tensor or a (nope, rope) 2-tuple, got "
+                        f"{type(value).__name__}")
+    left, right = value
+    if isinstance(left, tuple) and isinstance(right, tuple):
+        raise ValueError(f"{name}: malformed nesting (two tuples)")
+    if isinstance(left, tuple):
+        return right, tuple(left)
+    if isinstance(right, tuple):
+        return left, tuple(right)
+    return None, (left, right)
+
+
+def adjacent_views(left, right):
+    """True when right starts where left's last dimension ends in the same buffer, with the same
+    strides (a split of one packed tensor, as SGLang passes q and its pool)."""
+    try:
+        if tuple(left.shape[:-1]) != tuple(right.shape[:-1]):
+            return False
+        if is_torch(left) and is_torch(right):
+            if left.stride()[:-1] != right.stride()[:-1] or left.dtype != right.dtype:
+                return False
+            return right.data_ptr() == left.data_ptr() + left.shape[-1] * left.stride(-1) * \
+                left.element_size()
+        if is_numpy(left) and is_numpy(right):
+            if left.strides[:-1] != right.strides[:-1] or left.dtype != right.dtype:
+                return False
+            return (right.__array_interface__["data"][0] ==
+                    left.__array_interface__["data"][0] + left.shape[-1] * left.strides[-1])
+    except (AttributeError, TypeError):
+        return False
+    return False
+
+
+def split_last(packed, widths, name):
+    """(nope, rope) views of a packed [..., nope + rope] array."""
+    if len(packed.shape) != 3:
+        raise ValueError(f"{name}: a packed value must have rank 3, got shape "
+                         f"{tuple(packed.shape)}")
+    if packed.shape[-1] != sum(widths):
+        raise ValueError(f"{name}: the packed last dimension must be {widths[0]} + {widths[1]} = "
+                         f"{sum(widths)}, got {packed.shape[-1]}")
+    return packed[..., : widths[0]], packed[..., widths[0]:]
