@@ -679,14 +679,15 @@ class BatchMLAPagedAttentionWrapper:
             ckv_scale = k_scale if ckv_scale is None else ckv_scale
             kpe_scale = k_scale if kpe_scale is None else kpe_scale
         if fmt == KvFormat.fp8_e4m3:
+            if (ckv_scale is None) == (ckv_scale_arr is None):
+                raise ValueError("ckv_scale: Exactly one of ckv_scale or ckv_scale_arr is "
+                                 "required when kv_data_type is FP8 (SGLang's unscaled pool: "
+                                 "ckv_scale=1.0, kpe_scale=1.0)")
             if ckv_scale_arr is not None:
                 raise _unsupported("ckv_scale_arr", "per-token, per-128-channel scales in a "
                                    "separate array are not supported; the fp8_e4m3_block cache "
                                    "format (kv_format='fp8_e4m3_block') keeps such scales in "
                                    "each token")
-            if ckv_scale is None:
-                raise ValueError("ckv_scale: required when kv_data_type is FP8 (exactly one of "
-                                 "ckv_scale or ckv_scale_arr); SGLang's unscaled pool is 1.0")
             if kpe_scale is None:
                 raise ValueError("kpe_scale: required when kv_data_type is FP8")
             cs = self._scale(ckv_scale, "ckv_scale")
@@ -794,8 +795,9 @@ class BatchMLAPagedAttentionWrapper:
         pages = int(ckv_cache.shape[0]) if getattr(ckv_cache, "ndim", 0) >= 1 else None
         if pages == 0 and p["n_pages"] == 0:
             # A pool of no pages and a batch that lists none: every row sees no token.
-            if is_capturing(q_nope) or self._use_cuda_graph:
-                raise RuntimeError("ckv_cache: an empty pool cannot serve a CUDA graph plan")
+            if is_capturing(q_nope):
+                raise RuntimeError("ckv_cache: a pool of no pages cannot be captured in a CUDA "
+                                   "graph (nothing would be launched for later replays)")
             out[...] = 0
             if lse is not None:
                 lse[...] = -math.inf

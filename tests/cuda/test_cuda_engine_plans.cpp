@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "fp8mla/attention.h"
+#include "fp8mla/error.h"
 #include "tests/cuda/gpu_test_util.h"
 
 namespace fp8mla {
