@@ -12,6 +12,9 @@
 #                             name so CI's FP8MLA_CUDA for the C++ build does not leak in)
 #   FP8MLA_PY_TORCH=0         do not install torch (tests/python/requirements-torch.txt) into the
 #                             venv: the tests that need it skip
+#   FP8MLA_PY_ENGINES=0       do not install sglang (tests/python/requirements-sglang.txt, after
+#                             torch) nor download the FlashInfer wheels whose signatures the
+#                             tests read: the SGLang plugin and signature tests skip
 #   FP8MLA_PY_OFFLINE=1       no venv and no downloads: use $PYTHON (default python3) as it is
 #                             (it must already have nanobind, scikit-build-core, numpy, pytest;
 #                             torch for the GPU tests), e.g. on a device without network;
@@ -42,6 +45,25 @@ if [[ "${FP8MLA_PY_OFFLINE:-0}" != "1" ]]; then
   if [[ "${FP8MLA_PY_TORCH:-1}" != "0" ]]; then
     echo "== installing torch (tests/python/requirements-torch.txt)"
     "$python" -m pip install --disable-pip-version-check -q -r tests/python/requirements-torch.txt
+    if [[ "${FP8MLA_PY_ENGINES:-1}" != "0" ]]; then
+      # sglang and only what its imports need, exact versions installed without resolving
+      # further requirements (the file says why).
+      echo "== installing sglang (tests/python/requirements-sglang.txt)"
+      "$python" -m pip install --disable-pip-version-check -q --no-deps \
+        -r tests/python/requirements-sglang.txt
+    fi
+  fi
+  if [[ "${FP8MLA_PY_ENGINES:-1}" != "0" ]]; then
+    # FlashInfer's wheels, read (not installed) by test_flashinfer_signatures.py.
+    wheels="$root/build-python/flashinfer-wheels"
+    for v in 0.6.18.post1 0.7.4; do
+      if ! compgen -G "$wheels/flashinfer_python-$v-*.whl" >/dev/null; then
+        echo "== downloading flashinfer-python $v (read by test_flashinfer_signatures.py)"
+        "$python" -m pip download --disable-pip-version-check -q --no-deps \
+          -d "$wheels" "flashinfer-python==$v"
+      fi
+    done
+    export FP8MLA_FLASHINFER_WHEELS="$wheels"
   fi
 else
   # Installing into an interpreter as it is (maybe a distribution's, marked externally managed).
