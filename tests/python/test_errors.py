@@ -104,7 +104,8 @@ RUN_ERRORS = [
     (dict(kpe_scale=float("inf")), "kpe_scale"),
     (dict(ckv_scale=None), "ckv_scale"),  # an FP8 cache needs its scales, as in FlashInfer
     (dict(kpe_scale=None), "kpe_scale"),
-    (dict(ckv_scale_arr=np.ones(4, np.float32)), "ckv_scale_arr", UNSUPPORTED),
+    (dict(ckv_scale=None, ckv_scale_arr=np.ones(4, np.float32)), "ckv_scale_arr", UNSUPPORTED),
+    (dict(ckv_scale_arr=np.ones(4, np.float32)), "Exactly one of ckv_scale or ckv_scale_arr"),
     (dict(profiler_buffer=np.zeros(4, np.uint8)), "profiler_buffer"),
     (dict(kv_len=np.array([5, 8], np.int32)), "kv_len"),  # FlashInfer's cutlass inputs
     (dict(page_table=np.zeros((2, 2), np.int32)), "page_table"),
