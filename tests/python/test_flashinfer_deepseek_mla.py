@@ -31,7 +31,20 @@ torch = pytest.importorskip("torch")
 import fp8mla  # noqa: E402
 import fp8mla.mla  # noqa: E402
 
-DEVICE = torch.device("cpu")
+# FP8MLA_PORT_DEVICE=cuda runs the port on the GPU (the device run): tensors are made there
+# through torch's default device; the fp16 cases skip there (fp16 is CPU-only in fp8mla).
+DEVICE = torch.device(os.environ.get("FP8MLA_PORT_DEVICE", "cpu"))
+
+
+@pytest.fixture(autouse=True)
+def on_device(request):
+    if DEVICE.type == "cuda" and not (torch.cuda.is_available() and fp8mla.cuda_available()):
+        pytest.skip("FP8MLA_PORT_DEVICE=cuda needs a CUDA device and fp8mla's CUDA backend")
+    c = getattr(request.node, "callspec", None)
+    if DEVICE.type == "cuda" and c is not None and c.params.get("c", {}).get("dtype") == "half":
+        pytest.skip("fp16 queries are computed by fp8mla's CPU backend only")
+    with DEVICE:
+        yield
 PORT_SAMPLE = int(os.environ.get("FP8MLA_PORT_SAMPLE", "6"))
 PORT_WORK = 1.5e7  # rows (query tokens x heads) x kv tokens per sampled case
 
@@ -399,11 +412,12 @@ def one_page_fp8_plan(**plan_kw):
 def test_fp8_kv_plan_with_fp16_q():
     """FlashInfer refuses fp16 queries over an FP8 cache (ValueError naming q_data_type); fp8mla's
     CPU backend computes them, its CUDA plans refuse them (NotImplementedError naming it)."""
-    w = wrapper()
-    w.plan(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32),
-           torch.tensor([0], dtype=torch.int32), torch.tensor([64], dtype=torch.int32),
-           num_heads=16, head_dim_ckv=512, head_dim_kpe=64, page_size=64, causal=False,
-           sm_scale=1.0, q_data_type=torch.float16, kv_data_type=torch.float8_e4m3fn)
+    if DEVICE.type == "cpu":
+        w = wrapper()
+        w.plan(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32),
+               torch.tensor([0], dtype=torch.int32), torch.tensor([64], dtype=torch.int32),
+               num_heads=16, head_dim_ckv=512, head_dim_kpe=64, page_size=64, causal=False,
+               sm_scale=1.0, q_data_type=torch.float16, kv_data_type=torch.float8_e4m3fn)
     cuda = fp8mla.BatchMLAPagedAttentionWrapper(None, backend="cuda")
     with pytest.raises(NotImplementedError, match="q_data_type"):
         cuda.plan(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32),
