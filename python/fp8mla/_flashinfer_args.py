@@ -146,15 +146,17 @@ def csr_from_flat(qo_indptr, kv_indptr, kv_indices, kv_len_arr, page_size, *, st
     if length(kv_indices) < n_pages:
         raise ValueError(f"kv_indices: expected at least kv_indptr[{batch}] = {n_pages} entries, "
                          f"got {length(kv_indices)}")
-    if strict:
-        for r in range(batch):
-            want = (int(kvl[r]) + page_size - 1) // page_size if int(kvl[r]) >= 0 else 0
-            got = int(kvp[r + 1]) - int(kvp[r])
-            if got != want:
-                raise ValueError(
-                    f"kv_indptr: CSR metadata page counts must equal ceil(kv_len_arr / "
-                    f"page_size): request {r} lists {got} pages for kv_len_arr[{r}] = "
-                    f"{int(kvl[r])} at page_size {page_size}")
+    if strict and batch > 0:
+        np = numpy_module()
+        lens = np.maximum(np.asarray(kvl, dtype=np.int64), 0)
+        got = np.diff(np.asarray(kvp, dtype=np.int64))
+        bad = np.flatnonzero(got != (lens + page_size - 1) // page_size)
+        if bad.size:
+            r = int(bad[0])
+            raise ValueError(
+                f"kv_indptr: CSR metadata page counts must equal ceil(kv_len_arr / page_size): "
+                f"request {r} lists {int(got[r])} pages for kv_len_arr[{r}] = {int(kvl[r])} at "
+                f"page_size {page_size}")
     return Csr(qo, kvp, kvl, kv_indices, batch, strict)
 
 

@@ -150,6 +150,9 @@ def host_i32(x, name, ndim=1):
         return None
     torch = torch_module()
     if torch is not None and isinstance(x, torch.Tensor):
+        if x.dtype == torch.int32 and x.device.type == "cpu" and x.dim() == ndim:
+            # The common case (engines' host index tensors): one copy, no range check needed.
+            return x.numpy().copy() if numpy_module() is not None else x.clone()
         t = _torch_i32(x, name, ndim, "cpu")
         np = numpy_module()
         return t.numpy() if np is not None else t

@@ -121,8 +121,8 @@ def _same_buffer(a, b):
     if a is b:
         return True
     if is_torch(a) and is_torch(b):
-        return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
-                and a.dtype == b.dtype)
+        return (a.data_ptr() == b.data_ptr() and a.numel() == b.numel() and a.dtype == b.dtype
+                and (a.numel() <= 1 or a.stride() == b.stride()))
     if is_numpy(a) and is_numpy(b):
         return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
                 and a.shape == b.shape and a.strides == b.strides)
