@@ -15,7 +15,8 @@ inline float f16_bits_to_float(std::uint16_t h) {
   const std::uint32_t exponent = (h >> 10) & 0x1fu;
   const std::uint32_t mantissa = h & 0x3ffu;
   if (exponent == 0x1fu) return std::bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));
-  if (exponent != 0) return std::bit_cast<float>(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+  if (exponent != 0)
+    return std::bit_cast<float>(sign | ((exponent + 112u) << 23) | (mantissa << 13));
   // Subnormal (or zero): mantissa x 2^-24, exact in float32.
   const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
   return sign != 0 ? -magnitude : magnitude;
@@ -30,7 +31,7 @@ inline std::uint16_t float_to_f16_bits(float x) {
   // 65520 = 0x477ff000 and above round to infinity (65504 is the largest finite value).
   if (magnitude >= 0x477ff000u) return sign | 0x7c00u;
   const int exponent = static_cast<int>(magnitude >> 23) - 127 + 15;  // fp16's biased exponent
-  std::uint32_t mantissa = (magnitude & 0x7fffffu) | 0x800000u;          // 24 significant bits
+  std::uint32_t mantissa = (magnitude & 0x7fffffu) | 0x800000u;       // 24 significant bits
   // A normal result keeps 11 significant bits (shift 13); a subnormal one counts units of 2^-24.
   const int shift = exponent >= 1 ? 13 : 14 - exponent;
   if (shift > 25) return sign;  // below half the smallest subnormal: zero

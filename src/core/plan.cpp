@@ -125,8 +125,9 @@ void check_scalars(const Problem& p) {
   // The CUDA kernels load and store bf16 rows; f16 is computed by the CPU backend only.
   for (const auto& [dtype, name] : {std::pair{p.q_dtype, "q_dtype"}, {p.out_dtype, "out_dtype"}}) {
     if (p.device == DeviceKind::cuda && dtype != DType::bf16) {
-      throw Error(ErrorCode::unsupported, name,
-                  msg(dtype_name(dtype), " is computed by the CPU backend only; CUDA plans take bf16"));
+      throw Error(
+          ErrorCode::unsupported, name,
+          msg(dtype_name(dtype), " is computed by the CPU backend only; CUDA plans take bf16"));
     }
   }
 }
@@ -184,9 +185,9 @@ void check_borrowed_pages(const Problem& p, std::int64_t entries) {
           "given with kv_indices or device_kv_indices: give one page table");
   detail::check_tensor(p.borrowed_kv_indices, "borrowed_kv_indices", {DType::i32}, {-1}, p.device,
                        p.device_id);
-  require(p.borrowed_kv_indices.shape[0] >= entries, "borrowed_kv_indices",
-          "has ", p.borrowed_kv_indices.shape[0], " entries, fewer than kv_indptr[",
-          p.kv_indptr.size() - 1, "] = ", entries);
+  require(p.borrowed_kv_indices.shape[0] >= entries, "borrowed_kv_indices", "has ",
+          p.borrowed_kv_indices.shape[0], " entries, fewer than kv_indptr[", p.kv_indptr.size() - 1,
+          "] = ", entries);
 }
 
 // The index arrays: qo_indptr always; the page table and kv_len when dense (in sparse mode only
@@ -272,9 +273,11 @@ void check_arrays(const Problem& p, const PlanOptions& o) {
                                     ? p.kv_indptr[batch]
                                     : static_cast<std::int64_t>(p.kv_indices.size());
   require(page_ids <= o.max_kv_indices,
-          device_pages ? "device_kv_indices" : borrowed ? "borrowed_kv_indices" : "kv_indices",
-          "size ", page_ids, " exceeds the graph capacity options.max_kv_indices = ",
-          o.max_kv_indices);
+          device_pages ? "device_kv_indices"
+          : borrowed   ? "borrowed_kv_indices"
+                       : "kv_indices",
+          "size ", page_ids,
+          " exceeds the graph capacity options.max_kv_indices = ", o.max_kv_indices);
   const std::int64_t max_qo_len = graph_max_qo_len(o);
   for (std::size_t r = 0; r < batch; ++r) {
     const std::int64_t qo_len = p.qo_indptr[r + 1] - p.qo_indptr[r];
@@ -499,12 +502,12 @@ PlanState build_state(const Problem& p, const PlanOptions& o, int sm_count,
   s.device_id = p.device_id;
   s.options = o;
   s.sm_count = sm_count;
-  s.arch = original != nullptr          ? original->arch
+  s.arch = original != nullptr            ? original->arch
            : p.device == DeviceKind::cuda ? detail::cuda_compute_capability(p.device_id)
                                           : 0;
   // kept by replan(): the options it passes are the original plan's
-  s.options.max_tile_rows = detail::choose_max_tile_rows(
-      p, o, dispatch_key(p, o, s.arch, 16, 0), kernel_rows(p, o), sm_count);
+  s.options.max_tile_rows = detail::choose_max_tile_rows(p, o, dispatch_key(p, o, s.arch, 16, 0),
+                                                         kernel_rows(p, o), sm_count);
   s.kernel_rows = kernel_rows(p, s.options);
   s.batch = static_cast<int>(p.qo_indptr.size() - 1);
   s.total_q = p.qo_indptr.back();
@@ -528,8 +531,8 @@ PlanState build_state(const Problem& p, const PlanOptions& o, int sm_count,
     const KernelFamily first = detail::choose_family(key, requested);
     s.ctas_per_sm = resolve_ctas_per_sm(s, first);
     partition(s);
-    s.family = detail::choose_family(dispatch_key(p, o, s.arch, s.kernel_rows, s.longest_tile),
-                                     requested);
+    s.family =
+        detail::choose_family(dispatch_key(p, o, s.arch, s.kernel_rows, s.longest_tile), requested);
     if (s.family != first) {
       const int ctas = resolve_ctas_per_sm(s, s.family);
       if (ctas != s.ctas_per_sm) {

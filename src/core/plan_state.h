@@ -41,9 +41,9 @@ struct PlanState {
 
   int batch = 0;
   int total_q = 0;
-  std::vector<std::int32_t> qo_indptr;       // [batch + 1]
-  std::vector<std::int32_t> kv_indptr;       // [batch + 1]
-  std::vector<std::int32_t> kv_indices;      // [kv_indptr[batch]]; empty when borrowed
+  std::vector<std::int32_t> qo_indptr;   // [batch + 1]
+  std::vector<std::int32_t> kv_indptr;   // [batch + 1]
+  std::vector<std::int32_t> kv_indices;  // [kv_indptr[batch]]; empty when borrowed
   // Problem::borrowed_kv_indices (the caller's buffer, read by every run()); undefined when the
   // plan copied its page table into kv_indices (and the device buffers).
   TensorView borrowed_kv_indices;

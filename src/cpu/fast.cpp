@@ -189,7 +189,7 @@ struct TileScratch {
   std::vector<float> merge_w;                                            // [splits]
   std::vector<float> merge_acc = std::vector<float>(kDimCkv);
   std::vector<float> merge_row = std::vector<float>(kDimCkv);  // a merged row before its store
-  float m[kMaxRowsPerTile];    // running max score per row
+  float m[kMaxRowsPerTile];                                    // running max score per row
   float l[kMaxRowsPerTile];    // running sum of exp(score - m) per row (0: nothing seen yet)
   int n_row[kMaxRowsPerTile];  // tokens of the current chunk each row sees (a prefix)
 };

@@ -67,7 +67,8 @@ TEST(F16Conversion, MatchesTheCompilersFloat16) {
       EXPECT_TRUE(std::isnan(f)) << h;
       continue;
     }
-    ASSERT_EQ(std::bit_cast<std::uint32_t>(f), std::bit_cast<std::uint32_t>(static_cast<float>(ref)))
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(f),
+              std::bit_cast<std::uint32_t>(static_cast<float>(ref)))
         << "f16 bits " << h;
   }
   std::mt19937 rng(7);
@@ -134,9 +135,15 @@ TEST(F16Queries, FastAndReferenceAgreeAndMatchTheBf16Answer) {
   };
   for (const F16Row& row : rows) {
     SCOPED_TRACE(row.name);
-    ProblemSpec spec{.batch = row.batch, .num_heads = row.heads, .page_size = row.page_size,
-                     .format = row.format, .qo_len_max = row.qo_max, .kv_len_max = 700,
-                     .empty_fraction = 0.2, .causal = row.causal, .seed = 31};
+    ProblemSpec spec{.batch = row.batch,
+                     .num_heads = row.heads,
+                     .page_size = row.page_size,
+                     .format = row.format,
+                     .qo_len_max = row.qo_max,
+                     .kv_len_max = 700,
+                     .empty_fraction = 0.2,
+                     .causal = row.causal,
+                     .seed = 31};
     spec.qo_len_min = 1;
     test::RandomCase c = test::make_case(spec);
     std::vector<std::uint16_t> q16 = f16_copy_of_q(c);
@@ -232,7 +239,8 @@ TEST(F16Queries, CudaPlansReportUnsupportedNamingTheDtype) {
 std::vector<std::uint8_t> permuted_pool(const test::RandomCase& c,
                                         const std::vector<std::int32_t>& perm) {
   const KvCacheView kv = c.kv_view(const_cast<std::uint8_t*>(c.cache.data()));
-  const std::int64_t page_bytes = kv.ckv.stride[0] * static_cast<std::int64_t>(dtype_size(kv.ckv.dtype));
+  const std::int64_t page_bytes =
+      kv.ckv.stride[0] * static_cast<std::int64_t>(dtype_size(kv.ckv.dtype));
   EXPECT_EQ(page_bytes * c.num_pages, static_cast<std::int64_t>(c.cache.size()))
       << "the fused layout is one region of whole pages";
   std::vector<std::uint8_t> moved(c.cache.size());
@@ -252,9 +260,14 @@ TEST_P(BorrowedPages, RunReadsTheCallersBufferAtRunTime) {
   const bool graph = GetParam();
   for (const KvFormat format : {KvFormat::fp8_e4m3, KvFormat::bf16}) {
     SCOPED_TRACE(format_name(format));
-    test::RandomCase c = test::make_case({.batch = 5, .num_heads = 8, .page_size = 4,
-                                          .format = format, .qo_len_max = 3, .kv_len_max = 90,
-                                          .causal = true, .seed = 11});
+    test::RandomCase c = test::make_case({.batch = 5,
+                                          .num_heads = 8,
+                                          .page_size = 4,
+                                          .format = format,
+                                          .qo_len_max = 3,
+                                          .kv_len_max = 90,
+                                          .causal = true,
+                                          .seed = 11});
     std::vector<std::int32_t> table = c.kv_indices;  // the caller's buffer
     table.resize(table.size() + 7, -5);              // room past kv_indptr[batch], never read
     Problem p = c.problem();
@@ -305,8 +318,12 @@ INSTANTIATE_TEST_SUITE_P(GraphOrNot, BorrowedPages, ::testing::Bool());
 
 TEST(BorrowedPagesRun, AnIdOutsideThePoolIsAnErrorBeforeAnythingIsWritten) {
   for (const bool reference : {false, true}) {
-    test::RandomCase c = test::make_case({.batch = 3, .num_heads = 4, .page_size = 8,
-                                          .kv_len_min = 20, .kv_len_max = 60, .seed = 12});
+    test::RandomCase c = test::make_case({.batch = 3,
+                                          .num_heads = 4,
+                                          .page_size = 8,
+                                          .kv_len_min = 20,
+                                          .kv_len_max = 60,
+                                          .seed = 12});
     std::vector<std::int32_t> table = c.kv_indices;
     Problem p = c.problem();
     p.kv_indices = {};
@@ -325,8 +342,8 @@ TEST(BorrowedPagesRun, AnIdOutsideThePoolIsAnErrorBeforeAnythingIsWritten) {
 }
 
 TEST(BorrowedPagesPlan, ViewChecks) {
-  test::RandomCase c = test::make_case({.batch = 3, .num_heads = 4, .page_size = 8,
-                                        .kv_len_min = 20, .kv_len_max = 60, .seed = 13});
+  test::RandomCase c = test::make_case(
+      {.batch = 3, .num_heads = 4, .page_size = 8, .kv_len_min = 20, .kv_len_max = 60, .seed = 13});
   std::vector<std::int32_t> table = c.kv_indices;
   Problem p = c.problem();
   p.borrowed_kv_indices = i32_view(table);
@@ -345,8 +362,8 @@ TEST(BorrowedPagesPlan, ViewChecks) {
 }
 
 TEST(BorrowedPagesPlan, ReplanKeepsTheBufferTheGraphReads) {
-  test::RandomCase c = test::make_case({.batch = 3, .num_heads = 4, .page_size = 8,
-                                        .kv_len_min = 20, .kv_len_max = 60, .seed = 14});
+  test::RandomCase c = test::make_case(
+      {.batch = 3, .num_heads = 4, .page_size = 8, .kv_len_min = 20, .kv_len_max = 60, .seed = 14});
   std::vector<std::int32_t> table = c.kv_indices, other = c.kv_indices;
   PlanOptions o;
   o.cuda_graph = true;
@@ -369,10 +386,10 @@ TEST(BorrowedPagesPlan, ReplanKeepsTheBufferTheGraphReads) {
 // ---- the stream-ordered replan on the CPU ----
 
 TEST(StreamOrderedReplan, CpuPlansReplanAsTheSynchronousForm) {
-  test::RandomCase first = test::make_case({.batch = 2, .num_heads = 8, .page_size = 16,
-                                            .kv_len_max = 200, .seed = 21});
-  test::RandomCase second = test::make_case({.batch = 4, .num_heads = 8, .page_size = 16,
-                                             .kv_len_max = 200, .seed = 22});
+  test::RandomCase first =
+      test::make_case({.batch = 2, .num_heads = 8, .page_size = 16, .kv_len_max = 200, .seed = 21});
+  test::RandomCase second =
+      test::make_case({.batch = 4, .num_heads = 8, .page_size = 16, .kv_len_max = 200, .seed = 22});
   PlanOptions o;
   o.cuda_graph = true;
   o.max_batch = 4;

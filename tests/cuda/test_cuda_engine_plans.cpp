@@ -23,9 +23,9 @@ namespace {
 
 using gputest::CapturedGraph;
 using gputest::check_cuda;
+using gputest::device_args;
 using gputest::DeviceBuffer;
 using gputest::DeviceOutput;
-using gputest::device_args;
 using gputest::expect_matches;
 using gputest::reference;
 using gputest::TestStream;
