@@ -1,4 +1,4 @@
-// Launchers: run() on a CUDA plan (decode kernel + split-KV merge) and merge_states().
+// run() on a CUDA plan: the decode kernel of the plan's family, then the split-KV merge.
 #include <cuda.h>  // CUtensorMap and its encoder's types; the encoder is reached through the runtime
 
 #include <array>
@@ -20,151 +20,12 @@
 #include "src/cuda/decode_wgmma_kernel.cuh"
 #include "src/cuda/decode_wgmma_ws_kernel.cuh"
 #include "src/cuda/decode/portable/launch.h"
+#include "src/cuda/merge/split_merge.h"
 #include "src/cuda/plan_buffers.h"
 
 namespace fp8mla::detail {
 
 namespace {
-
-constexpr int kMergeWarps = 8;
-
-// max that keeps NaN: a split whose rows saw a NaN in the cache has lse NaN, and the merged row
-// must stay NaN as in the reference (fmaxf would drop it and return o = 0, lse = -inf).
-__device__ __forceinline__ float nan_max(float a, float b) {
-  return a != a ? a : b != b ? b : fmaxf(a, b);
-}
-constexpr int kMergeThreads = 256;
-
-// Combines the split partials of one output row and kCols of its columns per block. Threads
-// spread over splits as well as columns, so a long request's many splits are read with many
-// loads in flight (one warp per row looping over 256 splits was latency bound: ~100 us). Few
-// splits take whole rows per block (kCols = 512): 16 blocks per row cost more than they save.
-// kAhead > 0: a row of at most kAhead splits a thread group loads every lse and partial o at
-// once, before the row max, so the merge waits for one L2 round trip after the decode grid
-// instead of two (bs-1 latency, bench/NOTES.md v52); the same sums in the same order. It holds
-// 5 kAhead registers more (40 against 32), so the launcher takes it only for merges of one wave.
-template <int kCols, int kAhead>
-__global__ void __launch_bounds__(kMergeThreads) split_merge_kernel(const MergeParams p) {
-  constexpr int kMergeQuads = kCols / 4;                     // threads across the columns
-  constexpr int kMergeGroups = kMergeThreads / kMergeQuads;  // threads across the splits
-  // The plan's arrays first: they do not depend on the decode grid, so their loads overlap it.
-  const int item = blockIdx.x;
-  if (item >= *p.num_items) return;
-  const MergeItem it = p.items[item];
-  const int qo = p.qo_indptr[it.request + 1] - p.qo_indptr[it.request];
-  const int n = p.num_splits[it.request];
-  const std::int64_t base = p.partial_offset[it.request] + it.row;
-  pdl_wait();               // the decode grid's partials (launched as its programmatic dependent)
-  pdl_launch_dependents();  // as in decode::begin_after_previous_kernel
-  const std::int64_t stride = static_cast<std::int64_t>(qo) * p.num_heads;
-  const int tid = threadIdx.x, quad = tid % kMergeQuads, group = tid / kMergeQuads;
-  __shared__ float red[kMergeThreads / 32];
-  __shared__ float4 part[kMergeGroups][kMergeQuads];
-  __shared__ float wpart[kMergeGroups];
-
-  float mx = -INFINITY;
-  bool ahead = false;  // the same for the whole block
-  float lse_a[kAhead > 0 ? kAhead : 1];
-  float4 o_a[kAhead > 0 ? kAhead : 1];
-  if constexpr (kAhead > 0) {
-    ahead = n <= kAhead * kMergeGroups;
-    if (ahead) {
-#pragma unroll
-      for (int a = 0; a < kAhead; ++a) {
-        const int s = group + a * kMergeGroups;
-        const std::int64_t row = base + s * stride;
-        lse_a[a] = s < n ? p.partial_lse[row] : -INFINITY;
-        // `col` (below) written out: declaring it before the max costs the kAhead = 0 kernels
-        // 6 registers (38, not 32).
-        o_a[a] = s < n ? *reinterpret_cast<const float4*>(p.partial_o + row * 512 +
-                                                          blockIdx.y * kCols + 4 * quad)
-                       : make_float4(0.f, 0.f, 0.f, 0.f);
-        mx = nan_max(mx, lse_a[a]);
-      }
-    }
-  }
-  if (!ahead)
-    for (int s = tid; s < n; s += kMergeThreads) mx = nan_max(mx, p.partial_lse[base + s * stride]);
-  for (int off = 16; off > 0; off /= 2) mx = nan_max(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-  if (tid % 32 == 0) red[tid / 32] = mx;
-  __syncthreads();
-  mx = red[0];
-  for (int w = 1; w < kMergeThreads / 32; ++w) mx = nan_max(mx, red[w]);
-
-  const int col = blockIdx.y * kCols + 4 * quad;
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  float wsum = 0.0f;
-  if (ahead && mx != -INFINITY) {
-#pragma unroll
-    for (int a = 0; a < kAhead; ++a) {
-      if (group + a * kMergeGroups >= n) break;
-      const float w = __expf(lse_a[a] - mx);
-      const float4 x = o_a[a];
-      wsum += w;
-      acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
-    }
-  } else if (mx != -INFINITY) {
-#pragma unroll 4
-    for (int s = group; s < n; s += kMergeGroups) {
-      const std::int64_t row = base + s * stride;
-      const float w = __expf(p.partial_lse[row] - mx);
-      const float4 x = *reinterpret_cast<const float4*>(p.partial_o + row * 512 + col);
-      wsum += w;
-      acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
-    }
-  }
-  part[group][quad] = acc;
-  if (quad == 0) wpart[group] = wsum;
-  __syncthreads();
-  if (tid >= kMergeQuads) return;
-  float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-  float total = 0.0f;
-  for (int g = 0; g < kMergeGroups; ++g) {
-    const float4 v = part[g][tid];
-    o.x += v.x, o.y += v.y, o.z += v.z, o.w += v.w;
-    total += wpart[g];
-  }
-  // total == 0: nothing seen (o = 0, lse = -inf); NaN: a NaN reached the row, and stays NaN.
-  const float inv = total > 0.0f ? 1.0f / total : total == 0.0f ? 0.0f : NAN;
-  const std::int64_t token = p.qo_indptr[it.request] + it.row / p.num_heads;
-  const std::int64_t head = it.row % p.num_heads;
-  __nv_bfloat16* dst = p.out + token * p.out_stride[0] + head * p.out_stride[1] + col;
-  *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(o.x * inv, o.y * inv);
-  *reinterpret_cast<__nv_bfloat162*>(dst + 2) = __floats2bfloat162_rn(o.z * inv, o.w * inv);
-  if (p.lse != nullptr && blockIdx.y == 0 && tid == 0) {
-    p.lse[token * p.lse_stride[0] + head * p.lse_stride[1]] = total > 0.0f    ? mx + logf(total)
-                                                              : total == 0.0f ? -INFINITY
-                                                                              : NAN;
-  }
-}
-
-// merge_states(): general strides and dtypes, one warp per row.
-template <class In, class Out>
-__global__ void merge_states_kernel(const In* v, std::int64_t v_r, std::int64_t v_s, const float* s,
-                                    std::int64_t s_r, std::int64_t s_s, Out* vo, std::int64_t vo_r,
-                                    float* so, std::int64_t so_r, std::int64_t rows, int states,
-                                    int dim) {
-  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kMergeWarps + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= rows) return;
-  float mx = -INFINITY;
-  for (int i = 0; i < states; ++i) mx = nan_max(mx, s[row * s_r + i * s_s]);
-  float wsum = 0.0f;
-  if (mx != -INFINITY)
-    for (int i = 0; i < states; ++i) wsum += __expf(s[row * s_r + i * s_s] - mx);
-  const float inv = wsum > 0.0f ? 1.0f / wsum : wsum == 0.0f ? 0.0f : NAN;  // NaN lse stays NaN
-  for (int d = lane; d < dim; d += 32) {
-    float acc = 0.0f;
-    if (mx != -INFINITY)
-      for (int i = 0; i < states; ++i) {
-        const float w = __expf(s[row * s_r + i * s_s] - mx);
-        if (w > 0.0f) acc += w * static_cast<float>(v[row * v_r + i * v_s + d]);
-      }
-    vo[row * vo_r + d] = static_cast<Out>(acc * inv);
-  }
-  if (so != nullptr && lane == 0)
-    so[row * so_r] = wsum > 0.0f ? mx + logf(wsum) : wsum == 0.0f ? -INFINITY : NAN;
-}
 
 // ---- the launch table: kernel family (src/core/dispatch.h) -> kernel ----
 using DecodeFn = void (*)(const DecodeParams);
@@ -442,64 +303,7 @@ void cuda_run(PlanState& plan, const RunArgs& args) {
     cfg.dynamicSmemBytes = static_cast<std::size_t>(k.smem);
     FP8MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, k.fn, p));
   }
-  const std::int64_t merge_items = b.graph ? b.cap_merge : b.num_merge;
-  if (merge_items > 0) {
-    MergeParams m{};
-    m.items = b.merge;
-    m.num_items = b.counts + 1;
-    m.qo_indptr = b.qo_indptr;
-    m.num_splits = b.num_splits;
-    m.partial_offset = b.partial_offset;
-    m.num_heads = plan.num_heads;
-    m.partial_o = b.partial_o;
-    m.partial_lse = b.partial_lse;
-    m.out = p.out;
-    m.out_stride[0] = p.out_stride[0];
-    m.out_stride[1] = p.out_stride[1];
-    m.lse = p.lse;
-    m.lse_stride[0] = p.lse_stride[0];
-    m.lse_stride[1] = p.lse_stride[1];
-    cfg.blockDim = dim3(kMergeThreads);
-    cfg.dynamicSmemBytes = 0;
-    if (b.graph || b.max_splits > 8) {
-      // Up to 32 rows (bs 1 at <= 32 heads x query tokens) of up to 128 splits: the merge is one
-      // wave at the ahead form's 6 blocks an SM, and a bs-1 call's latency is its round trips.
-      // (A graph keeps the form it was captured with; either is right for any split count.)
-      const bool ahead = merge_items <= 32 && b.max_splits <= 128;
-      cfg.gridDim = dim3(static_cast<unsigned>(merge_items), kDimCkv / 32);
-      FP8MLA_CUDA_CHECK(cudaLaunchKernelEx(
-          &cfg, ahead ? split_merge_kernel<32, 4> : split_merge_kernel<32, 0>, m));
-    } else {
-      cfg.gridDim = dim3(static_cast<unsigned>(merge_items));
-      FP8MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, split_merge_kernel<kDimCkv, 0>, m));
-    }
-  }
-}
-
-void cuda_merge_states(const TensorView& v, const TensorView& s, const TensorView& v_out,
-                       const TensorView& s_out, void* stream) {
-  FP8MLA_CUDA_CHECK(cudaSetDevice(v.device_id));
-  const std::int64_t rows = v.shape[0];
-  if (rows == 0) return;
-  const int states = static_cast<int>(v.shape[1]), dim = static_cast<int>(v.shape[2]);
-  const auto blocks = static_cast<unsigned>((rows + kMergeWarps - 1) / kMergeWarps);
-  float* so = s_out.defined() ? static_cast<float*>(s_out.data) : nullptr;
-  const std::int64_t so_r = s_out.defined() ? s_out.stride[0] : 0;
-  const auto launch = [&](auto* in, auto* out) {
-    merge_states_kernel<<<blocks, 32 * kMergeWarps, 0, static_cast<cudaStream_t>(stream)>>>(
-        in, v.stride[0], v.stride[1], static_cast<const float*>(s.data), s.stride[0], s.stride[1],
-        out, v_out.stride[0], so, so_r, rows, states, dim);
-    FP8MLA_CUDA_CHECK_LAUNCH("merge_states_kernel");
-  };
-  const bool in_f32 = v.dtype == DType::f32, out_f32 = v_out.dtype == DType::f32;
-  auto* vi32 = static_cast<const float*>(v.data);
-  auto* vib = static_cast<const __nv_bfloat16*>(v.data);
-  auto* vo32 = static_cast<float*>(v_out.data);
-  auto* vob = static_cast<__nv_bfloat16*>(v_out.data);
-  if (in_f32 && out_f32) launch(vi32, vo32);
-  if (in_f32 && !out_f32) launch(vi32, vob);
-  if (!in_f32 && out_f32) launch(vib, vo32);
-  if (!in_f32 && !out_f32) launch(vib, vob);
+  launch_split_merge(plan, b, p, cfg);
 }
 
 }  // namespace fp8mla::detail

@@ -5,7 +5,7 @@
 
 namespace fp8mla::detail {
 
-namespace {
+namespace cache {
 
 constexpr int kWarpsPerBlock = 8;
 
@@ -90,21 +90,21 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   }
 }
 
-}  // namespace
+}  // namespace cache
 
 void cuda_append(const CacheConfig& config, void* storage, const TensorView& slots,
                  const TensorView& ckv, const TensorView& kpe, void* stream) {
   const std::int64_t n = slots.shape[0];
   if (n == 0) return;
   FP8MLA_CUDA_CHECK(cudaSetDevice(config.device_id));
-  const auto blocks = static_cast<unsigned>((n + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  const auto blocks = static_cast<unsigned>((n + cache::kWarpsPerBlock - 1) / cache::kWarpsPerBlock);
   const std::int64_t pool = config.num_pages * config.page_size;
   auto* dst = static_cast<std::uint8_t*>(storage);
   auto* s = static_cast<const std::int32_t*>(slots.data);
   const auto st = static_cast<cudaStream_t>(stream);
   const auto launch = [&](auto* c, auto* k) {
-    append_kernel<<<blocks, 32 * kWarpsPerBlock, 0, st>>>(config.format, config.scale, dst, pool, s,
-                                                          n, c, ckv.stride[0], k, kpe.stride[0]);
+    cache::append_kernel<<<blocks, 32 * cache::kWarpsPerBlock, 0, st>>>(
+        config.format, config.scale, dst, pool, s, n, c, ckv.stride[0], k, kpe.stride[0]);
     FP8MLA_CUDA_CHECK_LAUNCH("append_kernel");
   };
   switch (ckv.dtype) {
