@@ -21,7 +21,7 @@
 #include "fp8mla/attention.h"
 #include "src/core/backend.h"
 #include "src/core/check.h"
-#include "src/cuda/cuda_util.cuh"
+#include "src/cuda/cuda_check.h"
 
 namespace fp8mla::bench {
 namespace {

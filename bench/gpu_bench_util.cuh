@@ -13,7 +13,7 @@
 #include "fp8mla/attention.h"
 #include "fp8mla/cache.h"
 #include "fp8mla/format.h"
-#include "src/cuda/cuda_util.cuh"
+#include "src/cuda/cuda_check.h"
 
 namespace fp8mla::bench {
 

@@ -12,7 +12,8 @@
 #include <cstdio>
 #include <cstring>
 
-#include "src/cuda/cuda_util.cuh"
+#include "src/cuda/cuda_check.h"
+#include "src/cuda/ops/convert.cuh"
 
 using fp8mla::detail::fp8x4_to_half2x2;  // the kernels' conversion, measured as they issue it
 

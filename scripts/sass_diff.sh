@@ -74,6 +74,7 @@ renames = [
 ]
 def normal(name):
     name = name.replace("(anonymous namespace)::", "").replace("fp8mla::detail::", "")
+    name = re.sub(r"^void ", "", name)  # templates demangle with their return type
     for old, new in renames:
         name = re.sub(old, new, name)
     return name

@@ -1,7 +1,8 @@
 // The story's two slow strategies on the GPU: decode FP8 tokens to a bf16 cache (whole pool, or
 // the gathered active pages), so the bf16 attention path can run on the result.
 #include "bench/baselines/baselines_cuda.h"
-#include "src/cuda/cuda_util.cuh"
+#include "src/cuda/cuda_check.h"
+#include "src/cuda/ops/convert.cuh"
 
 namespace fp8mla::baselines {
 namespace {

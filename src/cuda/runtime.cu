@@ -8,7 +8,7 @@
 
 #include "src/core/backend.h"
 #include "src/core/check.h"
-#include "src/cuda/cuda_util.cuh"
+#include "src/cuda/cuda_check.h"
 #include "src/cuda/plan_buffers.h"
 
 namespace fp8mla::detail {

@@ -1,7 +1,8 @@
 // Quantizing append into a device cache: bit-identical to the host codec (src/core/format.cpp).
 #include "src/core/backend.h"
 #include "src/core/check.h"
-#include "src/cuda/cuda_util.cuh"
+#include "src/cuda/cuda_check.h"
+#include "src/cuda/ops/convert.cuh"
 
 namespace fp8mla::detail {
 

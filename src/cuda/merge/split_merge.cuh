@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "src/cuda/cuda_util.cuh"
+#include "src/cuda/ops/sync.cuh"
 #include "src/cuda/decode_params.h"
 #include "src/cuda/merge/nan_max.cuh"
 

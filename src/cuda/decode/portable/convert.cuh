@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "src/cuda/cuda_util.cuh"
+#include "src/cuda/ops/convert.cuh"
 
 namespace fp8mla::detail::portable {
 

@@ -19,11 +19,16 @@
 #include <cfloat>
 #include <cstdint>
 
-#include "src/cuda/cuda_util.cuh"
 #include "src/cuda/decode/portable/config.h"
 #include "src/cuda/decode/portable/convert.cuh"
-#include "src/cuda/decode_kernel.cuh"
 #include "src/cuda/decode_params.h"
+#include "src/cuda/ops/convert.cuh"
+#include "src/cuda/ops/copy.cuh"
+#include "src/cuda/ops/epilogue.cuh"
+#include "src/cuda/ops/mma.cuh"
+#include "src/cuda/ops/softmax.cuh"
+#include "src/cuda/ops/sync.cuh"
+#include "src/cuda/ops/tile.cuh"
 
 namespace fp8mla::detail::portable {
 
@@ -58,7 +63,7 @@ __device__ __forceinline__ void words(const uint4 v, std::uint32_t (&w)[4]) {
 template <KvFormat F, class C>
 __device__ __forceinline__ void copy_token(const DecodeParams& p, std::int64_t slot,
                                            std::uint8_t* row, std::uint8_t* flag, int sub) {
-  const decode::TokenAddr a = decode::slot_addr(p, slot);
+  const ops::TokenAddr a = ops::slot_addr(p, slot);
   const bool valid = a.ckv != nullptr;
   constexpr int kCkvChunks = F == KvFormat::fp8_e4m3 ? 32 : F == KvFormat::bf16 ? 64 : 41;
   if (sub == 0) *flag = valid ? 1 : 0;
@@ -91,10 +96,10 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const WorkTile& t,
   if constexpr (F != KvFormat::bf16) {
     constexpr int kScaled = F == KvFormat::fp8_e4m3_block ? 64 : 72;
     std::uint32_t m = 0;
-    for (int c = part; c < kScaled; c += kPerRow) m = max(m, decode::abs_max_bits(chunk(c)));
+    for (int c = part; c < kScaled; c += kPerRow) m = max(m, ops::abs_max_bits(chunk(c)));
 #pragma unroll
     for (int x = kPerRow / 2; x >= 1; x /= 2) m = max(m, __shfl_xor_sync(0xffffffffu, m, x));
-    e = decode::q_row_exponent(__uint_as_float(m)) - (kScores == Scores::e4m3 ? 7 : 0);
+    e = ops::q_row_exponent(__uint_as_float(m)) - (kScores == Scores::e4m3 ? 7 : 0);
   }
   const float scale = __int_as_float((127 + e) << 23);
   std::uint8_t* row = smem + C::kQ + r * C::kQPitch;
@@ -128,8 +133,8 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const WorkTile& t,
       *reinterpret_cast<uint4*>(row + 16 * c) = v;
     } else {
       *reinterpret_cast<uint4*>(row + 16 * c) =
-          make_uint4(decode::scale_to_half2(w[0], scale), decode::scale_to_half2(w[1], scale),
-                     decode::scale_to_half2(w[2], scale), decode::scale_to_half2(w[3], scale));
+          make_uint4(ops::scale_to_half2(w[0], scale), ops::scale_to_half2(w[1], scale),
+                     ops::scale_to_half2(w[2], scale), ops::scale_to_half2(w[3], scale));
     }
   }
   if (part == 0) reinterpret_cast<float*>(smem + C::kQInv)[r] = __int_as_float((127 - e) << 23);
@@ -315,18 +320,18 @@ __device__ __forceinline__ void half_scores(const DecodeParams& p, const std::ui
 // 64 warp + 8 g + n (one per n-tile): byte permutes pair two tokens' codes of a column.
 __device__ __forceinline__ void v_fragments(const std::uint8_t* v_col, int pitch, int tk,
                                             std::uint32_t (&b0)[8], std::uint32_t (&b1)[8]) {
-  const uint2 v0 = *reinterpret_cast<const uint2*>(v_col + tk * pitch);
-  const uint2 v1 = *reinterpret_cast<const uint2*>(v_col + (tk + 1) * pitch);
-  const uint2 v8 = *reinterpret_cast<const uint2*>(v_col + (tk + 8) * pitch);
-  const uint2 v9 = *reinterpret_cast<const uint2*>(v_col + (tk + 9) * pitch);
-  e4m3x4_to_half2x2(__byte_perm(v0.x, v1.x, 0x5140), b0[0], b0[1]);
-  e4m3x4_to_half2x2(__byte_perm(v0.x, v1.x, 0x7362), b0[2], b0[3]);
-  e4m3x4_to_half2x2(__byte_perm(v0.y, v1.y, 0x5140), b0[4], b0[5]);
-  e4m3x4_to_half2x2(__byte_perm(v0.y, v1.y, 0x7362), b0[6], b0[7]);
-  e4m3x4_to_half2x2(__byte_perm(v8.x, v9.x, 0x5140), b1[0], b1[1]);
-  e4m3x4_to_half2x2(__byte_perm(v8.x, v9.x, 0x7362), b1[2], b1[3]);
-  e4m3x4_to_half2x2(__byte_perm(v8.y, v9.y, 0x5140), b1[4], b1[5]);
-  e4m3x4_to_half2x2(__byte_perm(v8.y, v9.y, 0x7362), b1[6], b1[7]);
+  const uint2 x0 = *reinterpret_cast<const uint2*>(v_col + tk * pitch);
+  const uint2 x1 = *reinterpret_cast<const uint2*>(v_col + (tk + 1) * pitch);
+  const uint2 x8 = *reinterpret_cast<const uint2*>(v_col + (tk + 8) * pitch);
+  const uint2 x9 = *reinterpret_cast<const uint2*>(v_col + (tk + 9) * pitch);
+  e4m3x4_to_half2x2(__byte_perm(x0.x, x1.x, 0x5140), b0[0], b0[1]);
+  e4m3x4_to_half2x2(__byte_perm(x0.x, x1.x, 0x7362), b0[2], b0[3]);
+  e4m3x4_to_half2x2(__byte_perm(x0.y, x1.y, 0x5140), b0[4], b0[5]);
+  e4m3x4_to_half2x2(__byte_perm(x0.y, x1.y, 0x7362), b0[6], b0[7]);
+  e4m3x4_to_half2x2(__byte_perm(x8.x, x9.x, 0x5140), b1[0], b1[1]);
+  e4m3x4_to_half2x2(__byte_perm(x8.x, x9.x, 0x7362), b1[2], b1[3]);
+  e4m3x4_to_half2x2(__byte_perm(x8.y, x9.y, 0x5140), b1[4], b1[5]);
+  e4m3x4_to_half2x2(__byte_perm(x8.y, x9.y, 0x7362), b1[6], b1[7]);
 }
 
 // Writes row r (= 16 m + g + 8 h) of a finished tile from its P V fragments o: bf16 out and lse,
@@ -336,7 +341,7 @@ __device__ __forceinline__ void v_fragments(const std::uint8_t* v_col, int pitch
 template <bool kPermuted>
 __device__ __forceinline__ void write_row(const DecodeParams& p, const WorkTile& t,
                                           const DeviceTile& tile, int warp, int tq, int h, int r,
-                                          const float (&o)[8][4], decode::RowEnd end) {
+                                          const float (&o)[8][4], ops::RowEnd end) {
   const float inv = end.inv;
   const int tr = r / t.head_count;
   const std::int64_t head = t.head_begin + r % t.head_count;
@@ -361,7 +366,7 @@ __device__ __forceinline__ void write_row(const DecodeParams& p, const WorkTile&
     if (p.lse != nullptr && warp == 0 && tq == 0)
       p.lse[token * p.lse_stride[0] + head * p.lse_stride[1]] = end.lse;
   } else {
-    const std::int64_t prow = decode::partial_row(p, t, tile.qo_len, tr, head);
+    const std::int64_t prow = ops::partial_row(p, t, tile.qo_len, tr, head);
     float* dst = p.partial_o + prow * 512;
 #pragma unroll
     for (int n = 0; n < 8; ++n)
@@ -404,8 +409,8 @@ __device__ __forceinline__ void portable_decode(const DecodeParams& p) {
   using C = Config<F, MT, kScores>;
   constexpr int kBlockN = C::kBlockN;
   DeviceTile tile;
-  if (!decode::load_tile(p, tile)) return;
-  decode::begin_after_previous_kernel();
+  if (!ops::load_tile(p, tile)) return;
+  ops::begin_after_previous_kernel();
   extern __shared__ __align__(16) std::uint8_t smem[];
   const int stages = dynamic_smem_bytes() >= static_cast<std::uint32_t>(C::bytes(2)) ? 2 : 1;
   const WorkTile t = tile.tile;
@@ -416,11 +421,11 @@ __device__ __forceinline__ void portable_decode(const DecodeParams& p) {
   // ---- copies: thread c_sub of its token c_tok; page-table entries read a block ahead ----
   const int c_tok = threadIdx.x / C::kPerToken, c_sub = threadIdx.x % C::kPerToken;
   std::int32_t next_entry =
-      decode::token_entry_of<kBlockN>(p, t, tile.q_first, tile.kv_base, 0, c_tok);
+      ops::token_entry_of<kBlockN>(p, t, tile.q_first, tile.kv_base, 0, c_tok);
   auto issue = [&](int blk) {
     const int stage = blk % stages;
-    const std::int64_t slot = decode::entry_slot_of<kBlockN>(p, t, blk, next_entry, c_tok);
-    next_entry = decode::token_entry_of<kBlockN>(p, t, tile.q_first, tile.kv_base, blk + 1, c_tok);
+    const std::int64_t slot = ops::entry_slot_of<kBlockN>(p, t, blk, next_entry, c_tok);
+    next_entry = ops::token_entry_of<kBlockN>(p, t, tile.q_first, tile.kv_base, blk + 1, c_tok);
     copy_token<F, C>(p, slot, smem + C::kStages0 + stage * C::kStageBytes + c_tok * C::kPitch,
                      smem + C::kFlags + stage * kBlockN + c_tok, c_sub);
   };
@@ -437,8 +442,8 @@ __device__ __forceinline__ void portable_decode(const DecodeParams& p) {
   const int tok_a = 8 * nt + tq, tok_b = tok_a + 4;  // the tokens of its S columns
   const float* q_inv_s = reinterpret_cast<const float*>(smem + C::kQInv);
   const float q_inv[2] = {q_inv_s[rg], q_inv_s[rg + 8]};
-  const int limit[2] = {decode::row_limit(p, t, rg, tile.kv_len, tile.qo_len),
-                        decode::row_limit(p, t, rg + 8, tile.kv_len, tile.qo_len)};
+  const int limit[2] = {ops::row_limit(p, t, rg, tile.kv_len, tile.qo_len),
+                        ops::row_limit(p, t, rg + 8, tile.kv_len, tile.qo_len)};
 
   float row_max[MT][2], o[MT][8][4];
   float row_sum[2] = {0.0f, 0.0f};  // the S rows, this thread's tokens only
@@ -637,7 +642,7 @@ __device__ __forceinline__ void portable_decode(const DecodeParams& p) {
 #pragma unroll
       for (int sl = 0; sl < C::kSharers; ++sl) l += red_sum[row * C::kSharers + sl];
       write_row<F != KvFormat::bf16>(p, t, tile, warp, tq, r, row, o[m],
-                                     decode::finish_row(row_max[m][r], l, out_scale));
+                                     ops::finish_row(row_max[m][r], l, out_scale));
     }
 }
 

@@ -3,126 +3,19 @@
 
 #include <array>
 #include <cmath>
-#include <cstdlib>
 #include <mutex>
-#include <string>
 
 #include "src/core/backend.h"
 #include "src/core/check.h"
 #include "src/core/dispatch.h"
-#include "src/cuda/cuda_util.cuh"
-#include "src/cuda/decode_bf16_seesaw_kernel.cuh"
-#include "src/cuda/decode_bf16_tma_kernel.cuh"
-#include "src/cuda/decode_fp8_gather_kernel.cuh"
-#include "src/cuda/decode_fp8_kernel.cuh"
-#include "src/cuda/decode_fp8_tma_kernel.cuh"
-#include "src/cuda/decode_kernel.cuh"
-#include "src/cuda/decode_wgmma_kernel.cuh"
-#include "src/cuda/decode_wgmma_ws_kernel.cuh"
-#include "src/cuda/decode/portable/launch.h"
+#include "src/cuda/cuda_check.h"
+#include "src/cuda/decode/launch_table.h"
 #include "src/cuda/merge/split_merge.h"
 #include "src/cuda/plan_buffers.h"
 
 namespace fp8mla::detail {
 
 namespace {
-
-// ---- the launch table: kernel family (src/core/dispatch.h) -> kernel ----
-using DecodeFn = void (*)(const DecodeParams);
-struct KernelEntry {
-  DecodeFn fn;
-  int smem;
-  int threads = decode::kThreads;
-  int regs = 0;              // > 0: the register count the kernel's setmaxnreg split assumes
-  bool tensor_maps = false;  // reads the cache through DecodeParams::ckv_map / kpe_map
-};
-template <KvFormat F, int MT>
-constexpr KernelEntry shared_tile_entry() {
-  return {&mla_decode_kernel<F, MT>, decode::Smem<F, MT>::kBytes};
-}
-template <bool kBf16>
-constexpr KernelEntry wide_rows_entry() {
-  return {&mla_decode_wgmma_ws_kernel<kBf16>, ws::Layout<kBf16>::kSmemBytes, ws::kThreads,
-          ws::kLaunchRegs};
-}
-const KernelEntry kSharedTile[] = {
-    shared_tile_entry<KvFormat::bf16, 1>(), shared_tile_entry<KvFormat::fp8_e4m3_block, 1>(),
-    shared_tile_entry<KvFormat::fp8_e4m3_block, 2>(),
-    shared_tile_entry<KvFormat::fp8_e4m3_block, 4>()};
-const KernelEntry kFp8Exact{&mla_decode_fp8_kernel, fp8frag::kSmemBytes};
-const KernelEntry kFp8Tma{&mla_decode_fp8_tma_kernel, fp8tma::kSmemBytes, decode::kThreads, 0,
-                          true};
-const KernelEntry kFp8Gather{&mla_decode_fp8_gather_kernel, fp8gather::kSmemBytes,
-                             fp8gather::kCtaThreads};
-const KernelEntry kBf16Tma{&mla_decode_bf16_tma_kernel<false>, bf16tma::Layout<false>::kSmemBytes,
-                           decode::kThreads, 0, true};
-const KernelEntry kBf16Gather{&mla_decode_bf16_tma_kernel<true>, bf16tma::Layout<true>::kSmemBytes,
-                              bf16tma::kCtaThreads<true>};
-const KernelEntry kWideRows[] = {wide_rows_entry<false>(), wide_rows_entry<true>()};
-const KernelEntry kBf16WideRows{&mla_decode_bf16_seesaw_kernel, seesaw::Layout::kSmemBytes,
-                                seesaw::kThreads, 0, true};
-
-// Shared memory a portable kernel gets on `device_id`: two cp.async stages where the device
-// allows them (sm_80, sm_90, sm_100), else one (sm_86, sm_89, sm_120: 99 KB a CTA).
-// FP8MLA_PORTABLE_STAGES=1 in the environment asks for one everywhere (the GPU tests run the
-// one-stage form on Hopper so).
-int portable_smem(const portable::KernelInfo& k, int device_id) {
-  int optin = 0;
-  FP8MLA_CUDA_CHECK(
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_id));
-  static const bool one_stage = [] {
-    const char* v = std::getenv("FP8MLA_PORTABLE_STAGES");
-    return v != nullptr && std::string(v) == "1";
-  }();
-  return !one_stage && k.smem_two_stages <= optin ? k.smem_two_stages : k.smem_one_stage;
-}
-
-// The kernel of `family` for tiles of `row_tiles` 16-row m-tiles of a `format` cache on
-// `device_id`. The dispatch table gives each family only the formats and rows it serves;
-// anything else is a bug.
-KernelEntry kernel_entry(KernelFamily family, KvFormat format, int row_tiles, int device_id) {
-  const bool rows16 = row_tiles == 1;
-  switch (family) {
-    case KernelFamily::portable:
-    case KernelFamily::portable_fp8: {
-      const portable::KernelInfo k = portable::kernel_for(
-          format, row_tiles,
-          family == KernelFamily::portable_fp8 ? portable::Scores::e4m3 : portable::Scores::f16);
-      return {k.fn, portable_smem(k, device_id), portable::kThreads};
-    }
-    case KernelFamily::shared_tile:
-      if (format == KvFormat::fp8_e4m3_block) return kSharedTile[row_tiles == 1 ? 1 : row_tiles == 2 ? 2 : 3];
-      if (format == KvFormat::bf16 && rows16) return kSharedTile[0];
-      break;
-    case KernelFamily::fp8_exact:
-      if (format == KvFormat::fp8_e4m3 && rows16) return kFp8Exact;
-      break;
-    case KernelFamily::fp8_tma:
-      if (format == KvFormat::fp8_e4m3 && rows16) return kFp8Tma;
-      break;
-    case KernelFamily::fp8_gather:
-      if (format == KvFormat::fp8_e4m3 && rows16) return kFp8Gather;
-      break;
-    case KernelFamily::bf16_tma:
-      if (format == KvFormat::bf16 && rows16) return kBf16Tma;
-      break;
-    case KernelFamily::bf16_gather:
-      if (format == KvFormat::bf16 && rows16) return kBf16Gather;
-      break;
-    case KernelFamily::wide_rows:
-      if (format != KvFormat::fp8_e4m3_block && !rows16)
-        return kWideRows[format == KvFormat::bf16 ? 1 : 0];
-      break;
-    case KernelFamily::bf16_wide_rows:
-      if (format == KvFormat::bf16 && !rows16) return kBf16WideRows;
-      break;
-    default:
-      break;
-  }
-  throw Error(ErrorCode::internal, "plan",
-              msg("kernel family ", kernel_family_name(family), " has no CUDA kernel for ",
-                  format_name(format), " tiles of ", 16 * row_tiles, " rows"));
-}
 
 // cuTensorMapEncodeTiled (a host function of the driver), found once through the runtime so the
 // library links no libcuda.
@@ -288,7 +181,7 @@ void cuda_run(PlanState& plan, const RunArgs& args) {
   }
   // Both launches are programmatic dependents of the kernel before them (pdl_wait in the
   // kernels): a launch overlaps that kernel's end instead of following it
-  // (decode::begin_after_previous_kernel).
+  // (ops::begin_after_previous_kernel).
   cudaLaunchAttribute pdl{};
   pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   pdl.val.programmaticStreamSerializationAllowed = 1;

@@ -1,54 +1,55 @@
-// The bf16 decode kernel for tiles of 17-64 rows on pages of >= 64 tokens (dense page tables):
-// FlashMLA's dense sm90 schedule (its "seesaw"), written in this library's primitives
-// (bench/NOTES.md v53). Two warpgroups and no producer; Q (73.7 KB) and two 64-token tiles (73.7 KB
-// each: nine 128-byte-swizzled panels of 64 dims, read as K by S and as V by P V) fill shared
-// memory. Blocks go in pairs, b0 = 2i in tile 0 and b1 = 2i + 1 in tile 1; warpgroup g owns output
-// dims [256 g, 256 g + 256) (V panels 4g .. 4g + 3) and computes S of its own block of the pair:
-//   * warpgroup 0: the softmax of b0 (on the rows' shared running base), P0 V0 into its half, then
-//     P1 V1 of warpgroup 1's P (read by ldmatrix), then S of b0 + 2;
-//   * warpgroup 1: the softmax of b1 from warpgroup 0's base, P1 V1 and P0 V0 into its half (P0
-//     rescaled to b1's base by warpgroup 0), then S of b1 + 2.
-// One warpgroup's softmax runs while the other's products keep the tensor cores busy. Each panel
-// has its own mbarrier; a tile's half is refilled by TMA boxes (one 64 x 128-byte box a panel,
-// the <= 16-row TMA kernels' page maps) issued by the warpgroup that read it last, as soon as that
-// read completes: panels 0-3 (V's left half) by warpgroup 0, panels 4-8 by warpgroup 1. S of the
-// next block reads the panels in the order they were freed (warpgroup 0: 0-3 first; warpgroup 1:
-// 4-8 first), one commit group a panel. Q's rope panel is kept in registers (S's last four k-steps
-// take A from registers), which frees its shared-memory panel for warpgroup 1's P.
-// Tokens past the tile's end in its last block are masked in S and zeroed in V (P is 0 there,
-// but 0 * NaN would not be).
+// bf16_wide_rows: bf16 tiles of 17-64 rows on dense page tables with pages of >= 64 tokens
+// (src/core/dispatch.h). Two warpgroups and no producer; one CTA per SM.
+//
+// One idea: FlashMLA's dense sm90 schedule (its "seesaw"): blocks go in pairs, b0 = 2i in tile 0
+// and b1 = 2i + 1 in tile 1, and one warpgroup's softmax runs while the other's products keep the
+// tensor cores busy. Warpgroup g owns output dims [256g, 256g + 256) (V panels 4g .. 4g + 3) and
+// computes S of its own block of the pair; warpgroup 0 runs b0's softmax on the rows' shared
+// running base, warpgroup 1 b1's from it, each multiplying both P V into its half. Each panel has
+// its own mbarrier; a tile's half is refilled by tensor-map boxes (one 64 x 128-byte box a panel)
+// issued by the warpgroup that read it last, as soon as that read completes, and S of the next
+// block reads the panels in the order they were freed. Q's rope panel is kept in registers, which
+// frees its shared memory for warpgroup 1's P. Handoffs between the warpgroups are mbarriers (not
+// named-barrier arrive / sync), which racecheck models. Tokens past the tile's end in its last
+// block are masked in S and zeroed in V (P is 0 there, but 0 * NaN would not be).
 #pragma once
 
 #include <cstdint>
 #include <type_traits>
 
-#include "src/cuda/cuda_util.cuh"
-#include "src/cuda/decode_kernel.cuh"
 #include "src/cuda/decode_params.h"
-#include "src/cuda/decode_wgmma_kernel.cuh"
+#include "src/cuda/ops/convert.cuh"
+#include "src/cuda/ops/copy.cuh"
+#include "src/cuda/ops/epilogue.cuh"
+#include "src/cuda/ops/mma.cuh"
+#include "src/cuda/ops/q.cuh"
+#include "src/cuda/ops/softmax.cuh"
+#include "src/cuda/ops/sync.cuh"
+#include "src/cuda/ops/tile.cuh"
 
-namespace fp8mla::detail {
+namespace fp8mla::detail::bf16_wide_rows {
 
-namespace seesaw {
+// The shared tile operations (src/cuda/ops).
+using namespace ops;
 
 inline constexpr int kN = 64;            // cache tokens a block
 inline constexpr int kPanel = kN * 128;  // 64 tokens x 64 bf16 dims
 inline constexpr int kTileBytes = 9 * kPanel;
-inline constexpr int kThreads = wg::kThreads;  // the two warpgroups, no producer
+inline constexpr int kThreads = rows64::kThreads;  // the two warpgroups, no producer
 
 struct Layout {
-  static constexpr bool kBf16 = true;  // wg::load_q: Q as given
-  static constexpr int kQGroup = 18;   // wg::load_q: all a thread's chunks at once (v54, v61)
+  static constexpr bool kBf16 = true;  // ops::load_q: Q as given
+  static constexpr int kQGroup = 18;   // ops::load_q: all a thread's chunks at once (v54, v61)
   static constexpr int kQ = 0;  // nine panels; panel 8 holds warpgroup 1's P once Q's rope is read
-  static constexpr int kTile = kQ + 9 * wg::kQPanel;       // [2]
+  static constexpr int kTile = kQ + 9 * rows64::kQPanel;       // [2]
   static constexpr int kP0 = kTile + 2 * kTileBytes;       // warpgroup 0's P, at b1's base
   static constexpr int kBase = kP0 + kPanel;               // [row] the running base (log2 units)
-  static constexpr int kScale0 = kBase + wg::kRows * 4;    // [row] O's factor, b0's softmax
-  static constexpr int kScale1 = kScale0 + wg::kRows * 4;  // [row] O's factor, b1's softmax
-  static constexpr int kSums = kScale1 + wg::kRows * 4;    // [warpgroup][row] sums at the end
-  static constexpr int kQInv = kSums + 2 * wg::kRows * 4;
-  static constexpr int kQAmax = kQInv + wg::kRows * 4;
-  static constexpr int kOnes = kQAmax + wg::kRows * 4;  // [token] 1: a copied block has them all
+  static constexpr int kScale0 = kBase + rows64::kRows * 4;    // [row] O's factor, b0's softmax
+  static constexpr int kScale1 = kScale0 + rows64::kRows * 4;  // [row] O's factor, b1's softmax
+  static constexpr int kSums = kScale1 + rows64::kRows * 4;    // [warpgroup][row] sums at the end
+  static constexpr int kQInv = kSums + 2 * rows64::kRows * 4;
+  static constexpr int kQAmax = kQInv + rows64::kRows * 4;
+  static constexpr int kOnes = kQAmax + rows64::kRows * 4;  // [token] 1: a copied block has them all
   static constexpr int kBars = kOnes + kN;              // [tile][panel] mbarriers
   static constexpr int kHandoffs = kBars + 18 * 8;      // [4] mbarriers (kScale0Ready ..)
   static constexpr int kSmemBytes = kHandoffs + 4 * 8 + 1024;  // + slack to align to 1 KB
@@ -64,7 +65,7 @@ inline constexpr int kScale0Ready = 0;  // 0 -> 1: b0's base and factors written
 inline constexpr int kScale1Ready = 1;  // 1 -> 0: b1's base and factors written
 inline constexpr int kP0Ready = 2;      // 0 -> 1: P0 (at b1's base) written
 inline constexpr int kP1Ready = 3;      // 1 -> 0: P1 written
-// Named barriers (0: __syncthreads, 1: wg::kConsumerBarrier): + warpgroup, its 128 threads.
+// Named barriers (0: __syncthreads, 1: rows64::kConsumerBarrier): + warpgroup, its 128 threads.
 inline constexpr int kGroupBarrier = 2;
 
 // The page-table entry of block blk's page (pages of >= 64 tokens, blocks 64-aligned: one page).
@@ -103,7 +104,7 @@ __device__ __forceinline__ void s_panel(float (&s)[32], std::uint64_t dq, std::u
   for (int kk = 0; kk < 4; ++kk) {
     const int acc = !kFirst || kk > 0;
     if constexpr (k < 8) {
-      wgmma_64x64x16_ss<0, true>(s, desc_add(dq, k * wg::kQPanel + 32 * kk),
+      wgmma_64x64x16_ss<0, true>(s, desc_add(dq, k * rows64::kQPanel + 32 * kk),
                                  desc_add(dk, k * kPanel + 32 * kk), acc);
     } else {
       wgmma_64x64x16_rs<true>(s, qpe[kk], desc_add(dk, k * kPanel + 32 * kk), acc);
@@ -143,17 +144,14 @@ __device__ __forceinline__ void zero_v_rows(std::uint8_t* tile, int k0, int vali
   named_barrier_sync(kGroupBarrier + group, 128);
 }
 
-}  // namespace seesaw
-
-__global__ void __launch_bounds__(seesaw::kThreads, 1)
-    mla_decode_bf16_seesaw_kernel(const __grid_constant__ DecodeParams p) {
-  using namespace seesaw;
-  using L = seesaw::Layout;
+__global__ void __launch_bounds__(kThreads, 1)
+    bf16_wide_rows_kernel(const __grid_constant__ DecodeParams p) {
+  using L = Layout;
   DeviceTile tile;
-  if (!decode::load_tile(p, tile)) return;
+  if (!ops::load_tile(p, tile)) return;
   std::uint8_t* smem = dynamic_smem_1k();
   const WorkTile t = tile.tile;
-  const int group = wg::uniform_warpgroup();
+  const int group = ops::uniform_warpgroup();
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, tq = lane % 4;
   const int n_blocks = (t.kv_end - t.kv_begin + kN - 1) / kN;
@@ -178,11 +176,11 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
     for (int h = 0; h < 4; ++h) mbar_init(smem + L::kHandoffs + 8 * h, 128);
     fence_mbar_init();
   }
-  if (threadIdx.x < wg::kRows) base_of[threadIdx.x] = -INFINITY;
+  if (threadIdx.x < rows64::kRows) base_of[threadIdx.x] = -INFINITY;
   if (threadIdx.x < kN / 4)
     reinterpret_cast<std::uint32_t*>(smem + L::kOnes)[threadIdx.x] = 0x01010101u;
   __syncthreads();
-  decode::begin_after_previous_kernel();
+  ops::begin_after_previous_kernel();
   // Block blk into tile u (= blk % 2, a constant: e[] stays in registers), this issuer's panels.
   auto issue = [&](int blk, auto u_const, auto half) {
     constexpr int u = decltype(u_const)::value;
@@ -203,17 +201,17 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
       run(kRight);
     }
   }
-  wg::load_q<L>(p, t, tile.q_first, 1.0f, smem);  // ends with a barrier of both warpgroups
+  ops::load_q_panels<L>(p, t, tile.q_first, 1.0f, smem);  // ends with a barrier of both warpgroups
   // Q's rope panel into registers (S's panel 8 takes A from them); warpgroup 1 writes P1 there
   // only after warpgroup 0's first kScale0Ready, which follows these loads.
   std::uint32_t qpe[4][4];
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk)
-    ldmatrix_x4(qpe[kk], wg::frag_addr(smem + L::kQ + 8 * wg::kQPanel, warp, lane, kk));
+    ldmatrix_x4(qpe[kk], ops::frag_addr(smem + L::kQ + 8 * rows64::kQPanel, warp, lane, kk));
 
   int limit[2];
   float sc[2];
-  wg::row_bounds(p, tile, warp, g, reinterpret_cast<const float*>(smem + L::kQInv), limit, sc);
+  ops::row_bounds(p, tile, warp, g, reinterpret_cast<const float*>(smem + L::kQInv), limit, sc);
   limit[0] = min(limit[0], t.kv_end - 1);  // tokens past the tile (a split's end) are not its own
   limit[1] = min(limit[1], t.kv_end - 1);
   const int limit_min = min(limit[0], limit[1]);
@@ -244,13 +242,13 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
   auto softmax = [&](int blk, float* factor, float(&f)[2]) {
     const int j0 = t.kv_begin + blk * kN;
     float mx[2];
-    wg::mask_and_max(s, mx, j0 + kN - 1 <= limit_min, ones, j0, limit);
+    ops::mask_and_max(s, mx, j0 + kN - 1 <= limit_min, ones, j0, limit);
     float pbase[2], nb[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float old = base_of[row0 + 8 * h];
-      nb[h] = wg::new_base(old, __fmul_rn(mx[h], sc[h]));  // sc > 0
-      f[h] = wg::factor(old, nb[h]);
+      nb[h] = ops::new_base(old, __fmul_rn(mx[h], sc[h]));  // sc > 0
+      f[h] = ops::factor(old, nb[h]);
       pbase[h] = nb[h] == -INFINITY ? 0.0f : nb[h];
     }
     __syncwarp();  // the quad's reads of the old base before its write
@@ -282,10 +280,10 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
       softmax(b0, scale0, f0);
       std::uint32_t pa[4][4];
       pack_p(pa, s, one);
-      wg::rescale_o(o, f0);
+      ops::rescale_o(o, f0);
       row_sum[0] *= f0[0], row_sum[1] *= f0[1];
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) wg::add_sums<true>(row_sum, pa[kk]);
+      for (int kk = 0; kk < 4; ++kk) ops::add_sums<true>(row_sum, pa[kk]);
       send(kScale0Ready);
       if (valid_tokens(b0) < kN) zero_v_rows(tiles, 0, valid_tokens(b0), 0);
       pv(0, pa);
@@ -301,15 +299,15 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
       if (__any_sync(0xffffffffu, f1[0] != 1.0f || f1[1] != 1.0f)) pack_p(pa, s, f1);
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
-        stmatrix_x4(wg::frag_addr(smem + L::kP0, warp, lane, kk), pa[kk]);
+        stmatrix_x4(ops::frag_addr(smem + L::kP0, warp, lane, kk), pa[kk]);
       send(kP0Ready);
       if (has1) {
         receive(kP1Ready, i);
-        wg::rescale_o(o, f1);
+        ops::rescale_o(o, f1);
         row_sum[0] *= f1[0], row_sum[1] *= f1[1];
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
-          ldmatrix_x4(pa[kk], wg::frag_addr(smem + L::kQ + 8 * wg::kQPanel, warp, lane, kk));
+          ldmatrix_x4(pa[kk], ops::frag_addr(smem + L::kQ + 8 * rows64::kQPanel, warp, lane, kk));
         if (valid_tokens(b1) < kN) zero_v_rows(tiles + kTileBytes, 0, valid_tokens(b1), 0);
         pv(1, pa);
       }
@@ -345,15 +343,15 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
       std::uint32_t pa[4][4];
       pack_p(pa, s, one);
       const float f[2] = {f0[0] * f1[0], f0[1] * f1[1]};
-      wg::rescale_o(o, f);
+      ops::rescale_o(o, f);
       row_sum[0] *= f[0], row_sum[1] *= f[1];
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) wg::add_sums<true>(row_sum, pa[kk]);
+      for (int kk = 0; kk < 4; ++kk) ops::add_sums<true>(row_sum, pa[kk]);
       send(kScale1Ready);
       if (has1) {
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
-          stmatrix_x4(wg::frag_addr(smem + L::kQ + 8 * wg::kQPanel, warp, lane, kk), pa[kk]);
+          stmatrix_x4(ops::frag_addr(smem + L::kQ + 8 * rows64::kQPanel, warp, lane, kk), pa[kk]);
         if (valid_tokens(b1) < kN) zero_v_rows(tiles + kTileBytes, 4, valid_tokens(b1), 1);
         pv(1, pa);
       }
@@ -361,7 +359,7 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
       std::uint32_t pb[4][4];  // P0; pa may still be read by P1 V1 in flight
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
-        ldmatrix_x4(pb[kk], wg::frag_addr(smem + L::kP0, warp, lane, kk));
+        ldmatrix_x4(pb[kk], ops::frag_addr(smem + L::kP0, warp, lane, kk));
       if (valid_tokens(b0) < kN) zero_v_rows(tiles, 4, valid_tokens(b0), 1);
       pv(0, pb);
       if (has1) send(kP1Ready);
@@ -385,17 +383,17 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
   // ---- both: the rows' sums meet; O's halves share the final base ----
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    row_sum[h] = wg::quad_sum(row_sum[h]);
-    if (tq == 0) sums[group * wg::kRows + row0 + 8 * h] = row_sum[h];
+    row_sum[h] = ops::quad_sum(row_sum[h]);
+    if (tq == 0) sums[group * rows64::kRows + row0 + 8 * h] = row_sum[h];
   }
-  named_barrier_sync(wg::kConsumerBarrier, kThreads);
+  named_barrier_sync(rows64::kConsumerBarrier, kThreads);
   float m[2], l[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     m[h] = base_of[row0 + 8 * h];
-    l[h] = sums[row0 + 8 * h] + sums[wg::kRows + row0 + 8 * h];
+    l[h] = sums[row0 + 8 * h] + sums[rows64::kRows + row0 + 8 * h];
   }
-  wg::store_rows(p, tile, group, warp, lane, o, m, l);
+  ops::store_rows(p, tile, group, warp, lane, o, m, l);
 }
 
-}  // namespace fp8mla::detail
+}  // namespace fp8mla::detail::bf16_wide_rows

@@ -1,129 +1,14 @@
-// Internal CUDA helpers: error checks and the few PTX instructions the kernels are written in
-// (cp.async, ldmatrix, mma.sync). Named once here so kernels read like the algorithm.
+// MMA steps: ldmatrix / stmatrix, mma.sync m16n8k16, and Hopper's warpgroup MMA (wgmma: operand
+// descriptors over swizzled shared memory, the m64nNkK products) (PTX, named once); and O += P V
+// over 16 tokens of e4m3 V codes converted into mma.sync fragments (pv_step).
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
-#include <cuda_runtime.h>
-
 #include <cstdint>
-#include <string>
 
-#include "fp8mla/error.h"
-#include "src/cuda/cuda_check.h"
+#include "src/cuda/ops/convert.cuh"
+#include "src/cuda/ops/copy.cuh"
 
 namespace fp8mla::detail {
-
-__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
-  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte global -> shared copy that bypasses L1; when `valid` is false the destination is
-// zero-filled and nothing is read (src must still be a mapped address).
-__device__ __forceinline__ void cp_async_16(std::uint32_t smem, const void* gmem, int bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
-               "r"(bytes));
-}
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
-  cp_async_16(smem_addr(smem), gmem, valid ? 16 : 0);
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-// Warpgroup register reallocation (sm_90a, all 128 threads of a warpgroup): a producer
-// warpgroup gives registers back, consumers take them; the CTA's pool is the launch's count
-// (__launch_bounds__) times its threads, so the counts must add up to no more than that.
-template <int N>
-__device__ __forceinline__ void setmaxnreg_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-template <int N>
-__device__ __forceinline__ void setmaxnreg_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-// A barrier of `threads` threads (whole warps) on hardware barrier `id` (0 is __syncthreads').
-// barrier.sync, not bar.sync: the warps may reach it from different instructions (role branches
-// of a warp-specialized kernel); bar.sync promises one instruction (synccheck flags it).
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-// A barrier of kCount threads on hardware barrier kId that every warp reaches from one
-// instruction (bar.sync, aligned): ptxas then keeps the warps converged across it (barrier.sync
-// cost the bf16 gather kernel 9 registers and a spill, bench/NOTES.md v67).
-template <int kId, int kCount>
-__device__ __forceinline__ void bar_sync_aligned() {
-  asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kCount) : "memory");
-}
-
-// mbarriers and bulk copies (sm_90): the TMA engine copies contiguous global bytes (16-byte
-// aligned, a multiple of 16) into shared memory and counts them on an mbarrier, whose phase
-// completes once its arrivals and the expected bytes are all in.
-__device__ __forceinline__ void mbar_init(void* bar, unsigned arrivals) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(arrivals));
-}
-// After mbar_init, before a barrier makes the mbarriers visible to the CTA and the TMA engine.
-__device__ __forceinline__ void fence_mbar_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-__device__ __forceinline__ void mbar_arrive(void* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-}
-// Arrive and add `bytes` to the bytes the current phase waits for.
-__device__ __forceinline__ void mbar_arrive_expect_tx(void* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
-               "r"(bytes)
-               : "memory");
-}
-// Wait until the phase of parity `parity` has completed.
-__device__ __forceinline__ void mbar_wait(void* bar, unsigned parity) {
-  asm volatile(
-      "{\n .reg .pred done;\n WAIT:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      " @!done bra WAIT;\n}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
-}
-// Whether the phase of parity `parity` has completed, without waiting.
-__device__ __forceinline__ bool mbar_test(void* bar, unsigned parity) {
-  std::uint32_t done;
-  asm volatile(
-      "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      " selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(smem_addr(bar)), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-// Orders this thread's earlier generic-proxy shared-memory accesses before its later async-proxy
-// ones (bulk copies into the same bytes).
-__device__ __forceinline__ void fence_proxy_async_shared() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-__device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, unsigned bytes,
-                                                    void* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cta.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          smem_addr(dst)),
-      "l"(src), "r"(bytes), "r"(smem_addr(bar))
-      : "memory");
-}
-
-// A tile of a 3-D tensor map (the TMA engine: box, swizzle and bounds from the map, encoded on
-// the host) at coordinates (x, y, z) into shared memory, counted on the mbarrier `bar`. `map` is
-// the generic address of a __grid_constant__ kernel parameter.
-__device__ __forceinline__ void tma_load_3d(void* dst, const void* map, int x, int y, int z,
-                                            void* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, "
-      "{%2, %3, %4}], [%5];\n" ::"r"(smem_addr(dst)),
-      "l"(map), "r"(x), "r"(y), "r"(z), "r"(smem_addr(bar))
-      : "memory");
-}
 
 // ldmatrix: four (x4) or two (x2) 8x8 b16 matrices; `trans` transposes each.
 __device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* smem) {
@@ -162,66 +47,6 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const std::uint32_t (&a
   }
 }
 #undef FP8MLA_MMA_16816
-// Four e4m3 codes (one 32-bit word, lowest byte first) -> four exact fp16 values as two f16x2
-// words, one conversion instruction per pair (every e4m3 value, NaN included, is an fp16).
-__device__ __forceinline__ void fp8x4_to_half2x2(std::uint32_t codes, std::uint32_t& lo,
-                                                 std::uint32_t& hi) {
-  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
-      " cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
-      : "=r"(lo), "=r"(hi)
-      : "r"(codes));
-}
-
-// 2^x in one MUFU instruction (subnormal results flush to zero: softmax weights below 2^-126).
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Two e4m3 codes -> two exact floats (via the f16x2 conversion instruction).
-__device__ __forceinline__ float2 fp8x2_to_float2(std::uint16_t codes) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(codes, __NV_E4M3);
-  return __half22float2(*reinterpret_cast<const __half2*>(&h));
-}
-__device__ __forceinline__ std::uint32_t float2_to_bf16x2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const std::uint32_t*>(&v);
-}
-__device__ __forceinline__ std::uint32_t float2_to_half2(float lo, float hi) {
-  const __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const std::uint32_t*>(&v);
-}
-// Both halves of a bf16x2 word as floats: a bf16 is a float's high half (a shift and a mask;
-// __bfloat1622float2 spends a PRMT on each).
-__device__ __forceinline__ float2 bf16x2_to_float2(std::uint32_t v) {
-  return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
-}
-
-// Programmatic dependent launch: the split-KV merge is launched as a dependent of the decode
-// kernel, so its launch overlaps the decode's last wave. Every decode CTA lets it start once all
-// of them are running (launch_dependents); the merge waits for the decode grid to finish and its
-// writes to be visible (wait) before it reads a partial. No-ops without the launch attribute,
-// and compiled to nothing before sm_90 (no PDL there: launches run in stream order).
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
-// The dynamic shared memory aligned up to 1024 bytes (the swizzle atoms' alignment); kernels
-// that use it reserve 1 KB of slack. Offsetting the array (not rounding a cast integer) keeps the
-// pointer visibly in shared memory, so accesses stay LDS / STS.
-__device__ __forceinline__ std::uint8_t* dynamic_smem_1k() {
-  extern __shared__ std::uint8_t dynamic_smem[];
-  return dynamic_smem + ((1024 - smem_addr(dynamic_smem) % 1024) % 1024);
-}
-
 // ---- wgmma (sm_90a warpgroup MMA): 128 threads issue one asynchronous 64 x N x 16 product ----
 // Shared-memory operand descriptor for the 128-byte-swizzled layout: rows of 128 bytes, 16-byte
 // unit u of row r stored at unit u ^ (r % 8), 8-row atoms of 1024 bytes (the base must be
@@ -460,5 +285,27 @@ __device__ __forceinline__ void wgmma_64x32x32_e4m3_rs(float (&d)[16], const std
 #undef FP8MLA_WGMMA_D16
 #undef FP8MLA_WGMMA_D8
 #undef FP8MLA_WGMMA_D32
+
+namespace ops {
+
+// O += P V for 16 tokens: `a` the P fragment (ldmatrix), v0 / v1 / v8 / v9 the thread's 8 codes
+// of tokens tk, tk + 1, tk + 8, tk + 9 (tk = 16 kk + 2 tq; its 8 columns, one per n-tile).
+// Byte permutes pair token tk's and tk + 1's codes of a column: [x0 y0 x1 y1], [x2 y2 x3 y3].
+__device__ __forceinline__ void pv_step(float (&o)[8][4], const std::uint32_t (&a)[4], uint2 v0,
+                                        uint2 v1, uint2 v8, uint2 v9) {
+  std::uint32_t b0[8], b1[8];
+  fp8x4_to_half2x2(__byte_perm(v0.x, v1.x, 0x5140), b0[0], b0[1]);
+  fp8x4_to_half2x2(__byte_perm(v0.x, v1.x, 0x7362), b0[2], b0[3]);
+  fp8x4_to_half2x2(__byte_perm(v0.y, v1.y, 0x5140), b0[4], b0[5]);
+  fp8x4_to_half2x2(__byte_perm(v0.y, v1.y, 0x7362), b0[6], b0[7]);
+  fp8x4_to_half2x2(__byte_perm(v8.x, v9.x, 0x5140), b1[0], b1[1]);
+  fp8x4_to_half2x2(__byte_perm(v8.x, v9.x, 0x7362), b1[2], b1[3]);
+  fp8x4_to_half2x2(__byte_perm(v8.y, v9.y, 0x5140), b1[4], b1[5]);
+  fp8x4_to_half2x2(__byte_perm(v8.y, v9.y, 0x7362), b1[6], b1[7]);
+#pragma unroll
+  for (int n = 0; n < 8; ++n) mma_16816<false>(o[n], a, b0[n], b1[n]);
+}
+
+}  // namespace ops
 
 }  // namespace fp8mla::detail

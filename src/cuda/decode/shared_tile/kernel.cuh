@@ -1,50 +1,38 @@
-// The shared-memory-tile MLA decode kernel: one CTA per WorkTile (request, query block, head
-// block, kv range). It runs the 656-byte block-format caches and bf16 tiles of <= 16 rows on
-// sparse lists; bf16 tiles of <= 16 rows on page tables run decode_bf16_tma_kernel.cuh (pages of
-// < 8 tokens its gather instantiation), fp8_e4m3 tiles of <= 16 rows their own kernels
-// (decode_fp8_tma_kernel.cuh on pages of >= 8 tokens, decode_fp8_gather_kernel.cuh on smaller
-// pages, decode_fp8_kernel.cuh on sparse lists and for PlanOptions::exact_scores), and
-// fp8_e4m3 and bf16 tiles of 17-64 rows the warp-specialized one (decode_wgmma_ws_kernel.cuh).
+// shared_tile: the block format (fp8_e4m3_block) at every row count and bf16 sparse lists of
+// <= 16 rows (src/core/dispatch.h). One CTA (8 warps) per WorkTile.
 //
-// Per block of 64 cache tokens:
-//   1. cp.async the tokens' raw bytes (any format, paged or gathered per token, 16-byte vectors)
-//      into a shared staging buffer, kStages blocks ahead;
-//   2. block format: dequantize the staged codes into a bf16 tile in shared memory (exact: its
-//      power-of-two block scales applied in the conversion);
-//   3. S = Q K^T on tensor cores (mma.sync m16n8k16, fp32 accumulators): warp w owns tokens
-//      [8w, 8w + 8) of the block, all rows;
-//   4. online softmax in fp32 (log2 domain), row max and sum exchanged through shared memory;
-//   5. O += P V: warp w owns output columns [64w, 64w + 64), all rows.
-// The epilogue writes bf16 out + lse, or an fp32 partial (o, lse) row when the request is split.
-// Block-format tiles of <= 16 rows (Smem::kDirect) fuse steps 1 and 2: global loads straight
-// into registers, dequantized into the tile, so two CTAs fit an SM (bench/NOTES.md, v3).
-// Sparse (DSA) tiles are the same kernel: token j of a tile is read through the index list.
+// One idea: dequantize each block of 64 cache tokens into a bf16 tile in shared memory, then run
+// bf16 mma.sync on it as K for S = Q K^T and as V for O += P V. Per block: copy the tokens' raw
+// bytes (cp.async, 16 bytes a thread, kStages blocks ahead; bf16: one bulk copy a token onto a
+// stage mbarrier), dequantize the block format's codes into the tile (exact: power-of-two block
+// scales), S with warp w owning tokens [8w, 8w + 8) of all rows, the online softmax in fp32
+// (log2 domain, row max and sum exchanged through shared memory), O with warp w owning columns
+// [64w, 64w + 64). Block-format tiles of <= 16 rows (Smem::kDirect) load straight into registers
+// and dequantize into the tile, so two CTAs fit an SM and one CTA's loads overlap the other's
+// math. Sparse tiles read token j through the index list.
 #pragma once
 
 #include <cfloat>
 #include <cstdint>
 
-#include "src/cuda/cuda_util.cuh"
 #include "src/cuda/decode_params.h"
+#include "src/cuda/ops/convert.cuh"
+#include "src/cuda/ops/copy.cuh"
+#include "src/cuda/ops/epilogue.cuh"
+#include "src/cuda/ops/mma.cuh"
+#include "src/cuda/ops/softmax.cuh"
+#include "src/cuda/ops/tile.cuh"
 
-namespace fp8mla::detail {
+namespace fp8mla::detail::shared_tile {
 
-namespace decode {
+// The shared tile operations (src/cuda/ops).
+using namespace ops;
 
 inline constexpr int kThreads = 256;
-// Register cap of the kernels that run two CTAs per SM (the fp8_e4m3 <= 16-row kernels):
-// 2 x 256 x 112 leaves 8192 of an SM's 65536 registers, room for one split-merge CTA (256
-// threads x 32), so the merge, launched as a programmatic dependent, becomes resident and waits
-// while the decode grid runs. At 124-128 registers it could start only as decode CTAs exited:
-// +2.5 us at 1/8/32768 (bench/NOTES.md v21). Shared memory leaves room for it too.
-inline constexpr int kMaxRegsTwoCtas = 112;
-inline constexpr int kMergeCtaSmem = 6 * 1024;  // split_merge_kernel: 5 KB + the 1 KB reserved
 inline constexpr int kWarps = kThreads / 32;
 inline constexpr int kBlockN = 64;         // cache tokens per block
 inline constexpr int kRowElems = 576 + 8;  // bf16 row pitch in smem: 1168 B, ldmatrix conflict-free
 inline constexpr int kPElems = kBlockN + 8;
-inline constexpr float kLog2e = 1.4426950408889634f;
-inline constexpr float kLn2 = 0.6931471805599453f;
 
 constexpr int raw_token_bytes(KvFormat f) {
   return f == KvFormat::bf16 ? 0 : 656;
@@ -95,31 +83,8 @@ struct Smem {
   static_assert(!kDirect || 2 * (kBytes + 1024) <= 228 * 1024, "two CTAs must fit an SM");
 };
 
-// Byte address of cache token j of the tile's sequence, or null when the slot is skipped.
-struct TokenAddr {
-  const std::uint8_t* ckv;
-  const std::uint8_t* kpe;
-};
-
-// The page-table entry (dense: page id) or index-list entry (sparse: pool slot) of this thread's
-// token (tid / 4) of block `blk`, loaded but not yet used: the kernels load it one block before
-// the token's copies are issued and turn it into a slot (entry_slot) only then, so the load
-// overlaps a block of math. v6 stalled every warp on this load right after a barrier (1.4
-// long-scoreboard cycles per instruction), and v7's first try, which also computed the slot at
-// once, stalled on the use instead (bench/NOTES.md). kv_base = kv_indptr[request].
-// kBlock: the kernel's tokens per block; tok: the token within the block (the overload below:
-// this thread's, tid / kPerToken).
-template <int kBlock>
-__device__ __forceinline__ std::int32_t token_entry_of(const DecodeParams& p, const WorkTile& t,
-                                                       int q_token, std::int32_t kv_base, int blk,
-                                                       int tok) {
-  const int j = t.kv_begin + blk * kBlock + tok;
-  std::int32_t e = 0;  // a predicated load: nothing waits on it here
-  if (j < t.kv_end)
-    e = p.topk > 0 ? p.sparse_indices[static_cast<std::int64_t>(q_token) * p.topk + j]
-                   : p.kv_indices[kv_base + (j >> p.page_shift)];
-  return e;
-}
+// This thread's token (tid / kPerToken) of block `blk`: its entry (ops::token_entry_of) and slot
+// (ops::entry_slot_of).
 template <int kBlock = kBlockN, int kPerToken = 4>
 __device__ __forceinline__ std::int32_t token_entry(const DecodeParams& p, const WorkTile& t,
                                                     int q_token, std::int32_t kv_base, int blk) {
@@ -127,69 +92,10 @@ __device__ __forceinline__ std::int32_t token_entry(const DecodeParams& p, const
                                 static_cast<int>(threadIdx.x) / kPerToken);
 }
 
-// Pool slot (page * page_size + offset) of token `tok` of block `blk`, or -1 when it is past the
-// tile or skipped; the overload below: this thread's token.
-template <int kBlock>
-__device__ __forceinline__ std::int64_t entry_slot_of(const DecodeParams& p, const WorkTile& t,
-                                                      int blk, std::int32_t e, int tok) {
-  const int j = t.kv_begin + blk * kBlock + tok;
-  if (j >= t.kv_end) return -1;
-  if (p.topk > 0) return e < 0 || e >= p.pool_slots ? -1 : e;
-  return (static_cast<std::int64_t>(e) << p.page_shift) | (j & ((1 << p.page_shift) - 1));
-}
 template <int kBlock = kBlockN, int kPerToken = 4>
 __device__ __forceinline__ std::int64_t entry_slot(const DecodeParams& p, const WorkTile& t,
                                                    int blk, std::int32_t e) {
   return entry_slot_of<kBlock>(p, t, blk, e, static_cast<int>(threadIdx.x) / kPerToken);
-}
-
-__device__ __forceinline__ TokenAddr slot_addr(const DecodeParams& p, std::int64_t slot) {
-  if (slot < 0) return {nullptr, nullptr};
-  const std::int64_t page = slot >> p.page_shift, offset = slot & ((1 << p.page_shift) - 1);
-  return {
-      p.ckv + page * p.ckv_page_stride + offset * p.ckv_token_stride,
-      p.kpe == nullptr ? nullptr : p.kpe + page * p.kpe_page_stride + offset * p.kpe_token_stride};
-}
-
-// Bulk (TMA) copies: lanes 0..7 of every warp issue them, one token each (bulk_token()). A bulk
-// copy is a uniform-datapath instruction that ptxas issues once per active lane in turn (a loop
-// of ~7 instructions a copy), so 8 issuers a warp keep that loop short and spread over the CTA.
-// Broadcasting each address to the whole warp (uniform operands, one elected issuer, no loop)
-// measured slower: its shuffles queue on the MIO path the fragment reads need (bench/NOTES.md
-// v12).
-static_assert(kBlockN == 8 * kWarps, "one bulk-copied token per lane 0..7 of each warp");
-__device__ __forceinline__ bool bulk_copier() {
-  return threadIdx.x % 32 < 8;
-}
-__device__ __forceinline__ int bulk_token() {
-  return 8 * (threadIdx.x / 32) + threadIdx.x % 32;
-}
-
-// The bulk copy of one token (slot from entry_slot_of) into `row`: its ckv (kCkv bytes) and kpe
-// (kKpe bytes) in one copy when the kpe bytes follow the ckv bytes (the PagedLatentCache
-// layout), else in two; they complete on the stage mbarrier `bar` (one arrival per token and
-// phase). A skipped token is zero-filled and flagged 0.
-template <int kCkv, int kKpe>
-__device__ __forceinline__ void bulk_copy_token(const DecodeParams& p, std::int64_t slot,
-                                                std::uint8_t* row, std::uint8_t* flag, void* bar) {
-  const TokenAddr a = slot_addr(p, slot);
-  *flag = a.ckv != nullptr ? 1 : 0;
-  if (a.ckv != nullptr) {
-    mbar_arrive_expect_tx(bar, kCkv + kKpe);
-    if (a.kpe == a.ckv + kCkv) {
-      bulk_copy_to_shared(row, a.ckv, kCkv + kKpe, bar);
-    } else {
-      bulk_copy_to_shared(row, a.ckv, kCkv, bar);
-      bulk_copy_to_shared(row + kCkv, a.kpe, kKpe, bar);
-    }
-  } else {
-#pragma unroll
-    for (int c = 0; c < (kCkv + kKpe) / 16; ++c)
-      reinterpret_cast<uint4*>(row)[c] = make_uint4(0, 0, 0, 0);
-    // The row's later bulk copies (async proxy) must land after these generic stores.
-    fence_proxy_async_shared();
-    mbar_arrive(bar);
-  }
 }
 
 // Issue the cp.async copies of the thread's token (slot from entry_slot) into stage `stage`;
@@ -213,22 +119,6 @@ __device__ __forceinline__ void load_block(const DecodeParams& p, std::int64_t s
     for (int c = sub; c < 41; c += 4)  // p.ckv: a mapped address for the zero-fill copies
       cp_async_16(dst + 16 * c, valid ? a.ckv + 16 * c : p.ckv, valid);
   }
-}
-
-// 16 e4m3 codes times a (power-of-two) scale -> 16 bf16 values at dst (exact).
-__device__ __forceinline__ void dequantize16(uint4 codes, float scale, std::uint8_t* dst) {
-  const std::uint32_t w[4] = {codes.x, codes.y, codes.z, codes.w};
-  std::uint32_t out[8];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const float2 lo = fp8x2_to_float2(static_cast<std::uint16_t>(w[k] & 0xffff));
-    const float2 hi = fp8x2_to_float2(static_cast<std::uint16_t>(w[k] >> 16));
-    out[2 * k] = float2_to_bf16x2(lo.x * scale, lo.y * scale);
-    out[2 * k + 1] = float2_to_bf16x2(hi.x * scale, hi.y * scale);
-  }
-  uint4* d = reinterpret_cast<uint4*>(dst);
-  d[0] = make_uint4(out[0], out[1], out[2], out[3]);
-  d[1] = make_uint4(out[4], out[5], out[6], out[7]);
 }
 
 // kDirect: load block `blk` from global memory (all of a thread's loads in flight first) and
@@ -289,94 +179,6 @@ __device__ __forceinline__ void dequantize_block(std::uint8_t* smem, int stage) 
   }
 }
 
-// ---- pieces shared with the fp8 and wgmma kernels ----
-
-// |x| of 8 bf16 values as the bits of a non-negative float (orders like the value; NaN above inf).
-__device__ __forceinline__ std::uint32_t abs_max_bits(uint4 v) {
-  const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
-  std::uint32_t m = 0;
-#pragma unroll
-  for (int k = 0; k < 4; ++k) m = max(m, max(w[k] & 0x7fffu, (w[k] >> 16) & 0x7fffu));
-  return m << 16;
-}
-
-// fp16 tiles scale q row r by 2^e with max|q_r| * 2^e in [2^14, 2^15): exact for every bf16 value
-// above 2^-29 of the row maximum (smaller ones round at 2^-25 of it); 2^-e is undone on the
-// scores. Rows of zeros, inf or NaN keep e = 0.
-__device__ __forceinline__ int q_row_exponent(float amax) {
-  int e = 0;
-  if (amax > 0.0f && amax <= FLT_MAX) {
-    frexpf(amax, &e);  // amax in [2^(e-1), 2^e)
-    e = min(max(15 - e, -120), 120);
-  }
-  return e;
-}
-
-// Two bf16 values times `scale` as an f16x2 word.
-__device__ __forceinline__ std::uint32_t scale_to_half2(std::uint32_t bf16x2, float scale) {
-  const float2 f = bf16x2_to_float2(bf16x2);
-  return float2_to_half2(f.x * scale, f.y * scale);
-}
-
-// The last cache token (inclusive) tile row r may see: -1 past the tile's rows, the causal bound
-// of its query token, or no bound.
-__device__ __forceinline__ int row_limit(const DecodeParams& p, const WorkTile& t, int r,
-                                         int kv_len, int qo_len) {
-  if (r >= t.q_count * t.head_count) return -1;
-  return p.topk == 0 && p.causal ? kv_len - qo_len + t.q_begin + r / t.head_count : INT32_MAX;
-}
-
-// Partial-output row of a split tile's query token q_begin + tr, head `head`: the request's
-// partial rows are [split][query token][head]. The base is re-read here (a cache hit) rather
-// than kept in two registers through the block loop.
-__device__ __forceinline__ std::int64_t partial_row(const DecodeParams& p, const WorkTile& t,
-                                                    int qo_len, int tr, std::int64_t head) {
-  return p.tiles[blockIdx.x].partial_base +
-         (static_cast<std::int64_t>(t.split) * qo_len + t.q_begin + tr) * p.num_heads + head;
-}
-
-// This thread's place in an mma fragment (row group g, thread tq in the group) and in its
-// warpgroup (wg; warp wr of its four). wg comes from lane 0's shuffle: ptxas then knows it is
-// warp-uniform and keeps the wgmma descriptors built from it in uniform registers.
-struct ThreadRoles {
-  int warp, lane, g, tq, wg, wr;
-};
-__device__ __forceinline__ ThreadRoles thread_roles() {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  return {warp, lane, lane / 4, lane % 4, __shfl_sync(0xffffffffu, warp / 4, 0), warp % 4};
-}
-
-// This CTA's tile, or false when blockIdx.x is past the live tiles (graph-mode plans launch
-// their capacity). The tile is loaded before the count is checked, so the two loads overlap:
-// the array holds the grid's capacity, so the read is in bounds either way.
-__device__ __forceinline__ bool load_tile(const DecodeParams& p, DeviceTile& d) {
-  d = p.tiles[blockIdx.x];
-  return static_cast<int>(blockIdx.x) < *p.num_tiles;
-}
-
-// The decode grid is a programmatic dependent of the kernel before it in the stream (cuda_run),
-// so its launch and set-up overlap that kernel's end. Before this call a kernel reads only the
-// plan's buffers (tiles, page table), which only the host writes (plan, replan: synchronous
-// copies); q, the cache, sparse indices and every write come after it. The split merge is then
-// let launch: not before the wait, or the chain of calls would run ahead (merge, then the next
-// decode) and place a decode's CTAs beside the running one's (bench/NOTES.md v34).
-__device__ __forceinline__ void begin_after_previous_kernel() {
-  pdl_wait();
-  pdl_launch_dependents();
-}
-
-// Output scale (out_scale / l) and lse (natural log) of a finished row with log2-domain max m and
-// sum l. l == 0: the row saw nothing (o = 0, lse = -inf); l NaN: a NaN in the cache reached the
-// row (fmaxf skipped it in the max), so o and lse are NaN as in the reference.
-struct RowEnd {
-  float inv, lse;
-};
-__device__ __forceinline__ RowEnd finish_row(float m, float l, float out_scale) {
-  if (l > 0.0f) return {out_scale / l, (m + log2f(l)) * kLn2};
-  if (l == 0.0f) return {0.0f, -INFINITY};
-  return {NAN, NAN};
-}
-
 // Q rows of the tile into shared memory (bf16), zero rows past the tile. Ends with a barrier.
 template <KvFormat F, int MT>
 __device__ __forceinline__ void load_q(const DecodeParams& p, const WorkTile& t, int q_first,
@@ -399,12 +201,9 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const WorkTile& t,
   __syncthreads();
 }
 
-}  // namespace decode
-
 template <KvFormat F, int MT>
-__global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlocks)
-    mla_decode_kernel(const DecodeParams p) {
-  using namespace decode;
+__global__ void __launch_bounds__(kThreads, Smem<F, MT>::kMinBlocks)
+    shared_tile_kernel(const DecodeParams p) {
   using S = Smem<F, MT>;
   constexpr int kRows = S::kRows;
   constexpr int kStages = S::kStages;
@@ -695,4 +494,4 @@ __global__ void __launch_bounds__(decode::kThreads, decode::Smem<F, MT>::kMinBlo
     }
 }
 
-}  // namespace fp8mla::detail
+}  // namespace fp8mla::detail::shared_tile

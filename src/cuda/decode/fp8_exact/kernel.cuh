@@ -1,50 +1,43 @@
-// The fp8_e4m3 decode kernel for tiles of <= 16 rows (heads x query tokens) on pages of < 8
-// tokens, sparse index lists and kpe_scale / ckv_scale ratios that are not powers of two (the
-// rest runs decode_fp8_tma_kernel.cuh, which shares this kernel's P V and epilogue pieces). One
-// CTA (8 warps) per WorkTile, two CTAs per SM. Nothing is dequantized into a
-// shared-memory tile: v1-v4 spent ~300 KB of shared-memory traffic per 64-token block (36.9 KB
-// from HBM) staging, dequantizing and re-reading a 16-bit tile, and took the same time per
-// token for fp8 and bf16 caches (bench/NOTES.md, v4-v7). Per block:
-//   * the TMA engine copies the raw 576-byte tokens (one bulk copy each), one block ahead, into
-//     rows of kPitch bytes (the pitch makes the fragment reads below bank-conflict free),
-//     completing on a stage mbarrier; the page-table entries are loaded one block earlier
-//     still (decode::token_entry_of);
-//   * S = Q K^T: warp w owns nope dims [64 w, 64 w + 64) of all 64 tokens (8 independent mma
-//     chains) and the rope dims of its own 8 tokens; each thread reads 16 code bytes per 4
-//     k-steps and converts them (one cvt.rn.f16x2.e4m3x2 per pair, exact) straight into mma B
-//     fragments. The head dims are permuted so those 16 bytes are contiguous; Q's fragments
-//     (fp16, scaled per row by a power of two, loaded once from global memory in the same
-//     permutation) stay in registers. The 8 partial sums meet in shared memory (32 KB);
-//   * O += P V: V's B fragments pair two tokens' codes of one column, built with byte permutes
-//     from 8-byte reads; the output columns are permuted so each thread ends up owning 16
-//     contiguous columns of its two rows;
-//   * P goes through shared memory (fp16, 2 KB); the row max is exchanged between warps once per
-//     block, the row sums only at the end.
-// Shared-memory traffic per block: 37 KB of copies, 37 KB of K reads, 64 KB of partial sums,
-// 32 KB of V reads, ~18 KB of P: ~190 KB instead of ~300 KB.
+// fp8_exact: fp8_e4m3 tiles of <= 16 rows that the fp8 tensor-core families do not serve: sparse
+// index lists, PlanOptions::exact_scores, kpe_scale / ckv_scale ratios other than a power of two
+// (src/core/dispatch.h). One CTA (8 warps) per WorkTile, two CTAs per SM.
+//
+// One idea: never dequantize into a tile. Each block's raw 576-byte tokens land by one bulk copy
+// each in rows of kPitch bytes (bank-conflict free for the reads below), and every thread converts
+// the codes it multiplies straight into mma.sync B fragments (one cvt.rn.f16x2.e4m3x2 a pair:
+// exact fp16 products, fp32 sums). S: warp w owns nope dims [64w, 64w + 64) of all 64 tokens (8
+// independent mma chains; Q's fp16 fragments, scaled per row by a power of two, stay in
+// registers) and the rope dims of its 8 tokens; the 8 partial sums meet in shared memory. O:
+// V's fragments pair two tokens' codes of a column by byte permutes (ops::pv_step), each thread
+// owning 16 contiguous columns of its two rows. The row max is exchanged once a block, the row
+// sums only at the end.
 #pragma once
 
 #include <cstdint>
 
-#include "src/cuda/cuda_util.cuh"
-#include "src/cuda/decode_kernel.cuh"
 #include "src/cuda/decode_params.h"
+#include "src/cuda/ops/convert.cuh"
+#include "src/cuda/ops/copy.cuh"
+#include "src/cuda/ops/epilogue.cuh"
+#include "src/cuda/ops/mma.cuh"
+#include "src/cuda/ops/q.cuh"
+#include "src/cuda/ops/softmax.cuh"
+#include "src/cuda/ops/stage_copy.cuh"
+#include "src/cuda/ops/tile.cuh"
 
-namespace fp8mla::detail {
+namespace fp8mla::detail::fp8_exact {
 
-namespace fp8frag {
+// The shared tile operations (src/cuda/ops).
+using namespace ops;
 
-inline constexpr int kThreads = 256;
-inline constexpr int kWarps = 8;
-inline constexpr int kBlockN = 64;  // cache tokens per block
-inline constexpr int kRows = 16;
-inline constexpr int kStages = 2;
-// 576 code bytes + 16: token stride = 80 (mod 128) bytes, so the 4 tokens of one V read hit 4
-// different 32-byte bank windows, and the 2 tokens of a K read quarter-warp (t and t + 4) are 64
-// bytes apart.
-inline constexpr int kPitch = 592;
+using rows16::kBlockN;
+using rows16::kPElems;
+using rows16::kPitch;
+using rows16::kRows;
+using rows16::kStages;
+using rows16::kThreads;
+using rows16::kWarps;
 inline constexpr int kStageBytes = kBlockN * kPitch;
-inline constexpr int kPElems = kBlockN + 8;  // fp16 P row pitch: ldmatrix conflict-free
 inline constexpr int kRaw = 0;
 inline constexpr int kP = kRaw + kStages * kStageBytes;
 inline constexpr int kPart = kP + kRows * kPElems * 2;  // [warp][n-tile][lane] float4 partial S
@@ -59,112 +52,25 @@ static_assert(kRows * kQPitch <= kRed - kPart && kRows * 4 <= kFlags - kRed, "Q 
 // Two CTAs per SM (16 warps): v5 ran one (255 registers, Q fragments of all 576 dims per
 // thread) and ncu showed it latency bound: 0.41 eligible warps per scheduler, 29% issue busy.
 inline constexpr int kMinBlocks = 2;
-static_assert(kMinBlocks * (kSmemBytes + 1024) + decode::kMergeCtaSmem <= 228 * 1024,
+static_assert(kMinBlocks * (kSmemBytes + 1024) + ops::kMergeCtaSmem <= 228 * 1024,
               "two CTAs and a merge CTA must fit an SM");
 
 // Block `blk`'s copies into `stage` by the TMA engine, one token per bulk copier
-// (decode::bulk_token; page-table `entry` from token_entry_of). v7-v11 copied with cp.async, 16
+// (ops::bulk_token; page-table `entry` from token_entry_of). v7-v11 copied with cp.async, 16
 // bytes a thread: the copy instructions queued in the L1 and the warps waited on them (a quarter
 // of the stall samples; bench/NOTES.md v12).
 __device__ __forceinline__ void load_block(const DecodeParams& p, const WorkTile& t, int blk,
                                            std::int32_t entry, std::uint8_t* smem, int stage) {
-  const int tok = decode::bulk_token();
-  decode::bulk_copy_token<512, 64>(p, decode::entry_slot_of<kBlockN>(p, t, blk, entry, tok),
+  const int tok = ops::bulk_token();
+  ops::bulk_copy_token<512, 64>(p, ops::entry_slot_of<kBlockN>(p, t, blk, entry, tok),
                                    smem + kRaw + stage * kStageBytes + tok * kPitch,
                                    smem + kFlags + stage * kBlockN + tok, smem + kBar + 8 * stage);
 }
 
-// Tile row q_r's q as 72 chunks of 8 bf16 dims (nope 0..63, rope 64..71), read by 16 threads a
-// row: thread q_part holds chunks q_part + 16 i (zeros past 72 and past the tile's rows).
-__device__ __forceinline__ void load_q_chunks(const DecodeParams& p, const WorkTile& t, int q_first,
-                                              int rows, int q_r, int q_part, uint4 (&q_v)[5]) {
-  const std::int64_t tok = q_first + q_r / t.head_count, h = t.head_begin + q_r % t.head_count;
-  const __nv_bfloat16* nope = p.q_nope + tok * p.q_nope_stride[0] + h * p.q_nope_stride[1];
-  const __nv_bfloat16* pe = p.q_pe + tok * p.q_pe_stride[0] + h * p.q_pe_stride[1];
-#pragma unroll
-  for (int i = 0; i < 5; ++i) {
-    const int c = q_part + 16 * i;
-    q_v[i] = make_uint4(0, 0, 0, 0);
-    if (c < 72 && q_r < rows)
-      q_v[i] = *reinterpret_cast<const uint4*>(c < 64 ? nope + 8 * c : pe + 8 * (c - 64));
-  }
-}
-
-// O += P V for 16 tokens: `a` the P fragment (ldmatrix), v0 / v1 / v8 / v9 the thread's 8 codes
-// of tokens tk, tk + 1, tk + 8, tk + 9 (tk = 16 kk + 2 tq; its 8 columns, one per n-tile).
-// Byte permutes pair token tk's and tk + 1's codes of a column: [x0 y0 x1 y1], [x2 y2 x3 y3].
-__device__ __forceinline__ void pv_step(float (&o)[8][4], const std::uint32_t (&a)[4], uint2 v0,
-                                        uint2 v1, uint2 v8, uint2 v9) {
-  std::uint32_t b0[8], b1[8];
-  fp8x4_to_half2x2(__byte_perm(v0.x, v1.x, 0x5140), b0[0], b0[1]);
-  fp8x4_to_half2x2(__byte_perm(v0.x, v1.x, 0x7362), b0[2], b0[3]);
-  fp8x4_to_half2x2(__byte_perm(v0.y, v1.y, 0x5140), b0[4], b0[5]);
-  fp8x4_to_half2x2(__byte_perm(v0.y, v1.y, 0x7362), b0[6], b0[7]);
-  fp8x4_to_half2x2(__byte_perm(v8.x, v9.x, 0x5140), b1[0], b1[1]);
-  fp8x4_to_half2x2(__byte_perm(v8.x, v9.x, 0x7362), b1[2], b1[3]);
-  fp8x4_to_half2x2(__byte_perm(v8.y, v9.y, 0x5140), b1[4], b1[5]);
-  fp8x4_to_half2x2(__byte_perm(v8.y, v9.y, 0x7362), b1[6], b1[7]);
-#pragma unroll
-  for (int n = 0; n < 8; ++n) mma_16816<false>(o[n], a, b0[n], b1[n]);
-}
-
-// O rows g + 8 h times the online softmax's alpha. The max rarely moves after the first blocks:
-// the 16 multiplies are skipped when no row of the warp needs them.
-__device__ __forceinline__ void rescale_rows(float (&o)[8][4], int h, float alpha) {
-  if (__any_sync(0xffffffffu, alpha != 1.0f)) {
-#pragma unroll
-    for (int n = 0; n < 8; ++n) {
-      o[n][2 * h] *= alpha;
-      o[n][2 * h + 1] *= alpha;
-    }
-  }
-}
-
-// Writes row r (= g + 8 h) of a finished tile from the P V fragments o (n-tile n, fragment
-// column g is column 64 warp + 8 g + n, so the thread holds columns 64 warp + 16 tq + n and
-// + 8 + n): bf16 out and lse, or the split's fp32 partial row and its lse. Shared with the TMA
-// kernel (decode_fp8_tma_kernel.cuh), which keeps this mapping.
-__device__ __forceinline__ void write_row(const DecodeParams& p, const WorkTile& t,
-                                          const DeviceTile& tile, int warp, int tq, int h, int r,
-                                          const float (&o)[8][4], decode::RowEnd end) {
-  const float inv = end.inv, lse = end.lse;
-  const int tr = r / t.head_count;
-  const std::int64_t head = t.head_begin + r % t.head_count;
-  const std::int64_t token = tile.q_first + tr;
-  const int col0 = 64 * warp + 16 * tq;  // columns col0 + n (c0, c2) and col0 + 8 + n (c1, c3)
-  if (t.split < 0) {
-    __nv_bfloat16* dst = p.out + token * p.out_stride[0] + head * p.out_stride[1] + col0;
-#pragma unroll
-    for (int n = 0; n < 8; n += 2) {
-      *reinterpret_cast<__nv_bfloat162*>(dst + n) =
-          __floats2bfloat162_rn(o[n][2 * h] * inv, o[n + 1][2 * h] * inv);
-      *reinterpret_cast<__nv_bfloat162*>(dst + 8 + n) =
-          __floats2bfloat162_rn(o[n][2 * h + 1] * inv, o[n + 1][2 * h + 1] * inv);
-    }
-    if (p.lse != nullptr && warp == 0 && tq == 0)
-      p.lse[token * p.lse_stride[0] + head * p.lse_stride[1]] = lse;
-  } else {
-    const std::int64_t prow = decode::partial_row(p, t, tile.qo_len, tr, head);
-    float* dst = p.partial_o + prow * 512 + col0;
-#pragma unroll
-    for (int n = 0; n < 8; n += 4) {
-      *reinterpret_cast<float4*>(dst + n) = make_float4(
-          o[n][2 * h] * inv, o[n + 1][2 * h] * inv, o[n + 2][2 * h] * inv, o[n + 3][2 * h] * inv);
-      *reinterpret_cast<float4*>(dst + 8 + n) =
-          make_float4(o[n][2 * h + 1] * inv, o[n + 1][2 * h + 1] * inv, o[n + 2][2 * h + 1] * inv,
-                      o[n + 3][2 * h + 1] * inv);
-    }
-    if (warp == 0 && tq == 0) p.partial_lse[prow] = lse;
-  }
-}
-
-}  // namespace fp8frag
-
-__global__ void __maxnreg__(decode::kMaxRegsTwoCtas) mla_decode_fp8_kernel(const DecodeParams p) {
-  using namespace fp8frag;
+__global__ void __maxnreg__(ops::kMaxRegsTwoCtas) fp8_exact_kernel(const DecodeParams p) {
   DeviceTile tile;
-  if (!decode::load_tile(p, tile)) return;
-  decode::begin_after_previous_kernel();
+  if (!ops::load_tile(p, tile)) return;
+  ops::begin_after_previous_kernel();
   extern __shared__ __align__(128) std::uint8_t smem[];
   const WorkTile t = tile.tile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -179,20 +85,20 @@ __global__ void __maxnreg__(decode::kMaxRegsTwoCtas) mla_decode_fp8_kernel(const
   const std::int32_t kv_base = tile.kv_base;
   // Every global load of the prologue is issued before anything waits on one: the page-table
   // entries of blocks 0 and 1 (next_entry: used only by iteration 0, see token_entry) and Q.
-  const bool copier = decode::bulk_copier();
+  const bool copier = ops::bulk_copier();
   std::int32_t entry0 = 0, next_entry = 0;
   if (copier) {
-    entry0 = decode::token_entry_of<kBlockN>(p, t, q_first, kv_base, 0, decode::bulk_token());
-    next_entry = decode::token_entry_of<kBlockN>(p, t, q_first, kv_base, 1, decode::bulk_token());
+    entry0 = ops::token_entry_of<kBlockN>(p, t, q_first, kv_base, 0, ops::bulk_token());
+    next_entry = ops::token_entry_of<kBlockN>(p, t, q_first, kv_base, 1, ops::bulk_token());
   }
   // ---- Q: the CTA reads each row once (16 threads a row, 4.5 16-byte chunks each) into a
   // bf16 stash in the partial-sum buffer (free until the first block's S), and the row's
-  // exponent (decode::q_row_exponent) into the reduction buffer. v7-v11 had every quad read its
+  // exponent (ops::q_row_exponent) into the reduction buffer. v7-v11 had every quad read its
   // two rows whole for the maximum, then again for its fragments: ~3,500 instructions per warp
   // before the first block, which dominated short requests (bench/NOTES.md v12).
   const int q_r = threadIdx.x / 16, q_part = threadIdx.x % 16;  // row, thread within the row
   uint4 q_v[5];
-  fp8frag::load_q_chunks(p, t, q_first, rows, q_r, q_part, q_v);
+  ops::load_q_chunks(p, t, q_first, rows, q_r, q_part, q_v);
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) mbar_init(smem + kBar + 8 * s, kBlockN);
     fence_mbar_init();
@@ -208,13 +114,13 @@ __global__ void __maxnreg__(decode::kMaxRegsTwoCtas) mla_decode_fp8_kernel(const
     for (int i = 0; i < 5; ++i) {
       const int c = q_part + 16 * i;
       if (c < 72) {
-        m = max(m, decode::abs_max_bits(q_v[i]));
+        m = max(m, ops::abs_max_bits(q_v[i]));
         *reinterpret_cast<uint4*>(q_stash + q_r * kQPitch + 16 * c) = q_v[i];
       }
     }
 #pragma unroll
     for (int x = 8; x >= 1; x /= 2) m = max(m, __shfl_xor_sync(0xffffffffu, m, x));
-    if (q_part == 0) q_exp[q_r] = decode::q_row_exponent(__uint_as_float(m));
+    if (q_part == 0) q_exp[q_r] = ops::q_row_exponent(__uint_as_float(m));
   }
   __syncthreads();
 
@@ -240,15 +146,15 @@ __global__ void __maxnreg__(decode::kMaxRegsTwoCtas) mla_decode_fp8_kernel(const
       std::uint32_t(&q)[4][4] = part == 0 ? qn : qr;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        q[j][h] = decode::scale_to_half2(w[2 * j], scale);
-        q[j][h + 2] = decode::scale_to_half2(w[2 * j + 1], scale);
+        q[j][h] = ops::scale_to_half2(w[2 * j], scale);
+        q[j][h + 2] = ops::scale_to_half2(w[2 * j + 1], scale);
       }
     }
   }
 
   // Last visible token (inclusive) of the thread's rows g, g + 8.
-  const int limit[2] = {decode::row_limit(p, t, g, kv_len, qo_len),
-                        decode::row_limit(p, t, g + 8, kv_len, qo_len)};
+  const int limit[2] = {ops::row_limit(p, t, g, kv_len, qo_len),
+                        ops::row_limit(p, t, g + 8, kv_len, qo_len)};
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.0f, 0.0f};  // this thread's tokens only; summed over the CTA at the end
   float o[8][4];
@@ -272,7 +178,7 @@ __global__ void __maxnreg__(decode::kMaxRegsTwoCtas) mla_decode_fp8_kernel(const
     if (copier && blk + 1 < n_blocks) {
       load_block(p, t, blk + 1, next_entry, smem, (blk + 1) % kStages);
       next_entry =
-          decode::token_entry_of<kBlockN>(p, t, q_first, kv_base, blk + 2, decode::bulk_token());
+          ops::token_entry_of<kBlockN>(p, t, q_first, kv_base, blk + 2, ops::bulk_token());
     }
     mbar_wait(smem + kBar + 8 * stage, (blk / kStages) % 2);  // block blk landed
     const std::uint8_t* raw = smem + kRaw + stage * kStageBytes;
@@ -370,7 +276,7 @@ __global__ void __maxnreg__(decode::kMaxRegsTwoCtas) mla_decode_fp8_kernel(const
       p_s[r * kPElems + tok_b] = __half_as_ushort(pb);
       // Sum what the tensor cores multiply (the rounded p), so o / l stays exact.
       row_sum[h] = row_sum[h] * alpha + (__half2float(pa) + __half2float(pb));
-      fp8frag::rescale_rows(o, h, alpha);
+      ops::rescale_rows(o, h, alpha);
     }
     __syncthreads();
 
@@ -386,7 +292,7 @@ __global__ void __maxnreg__(decode::kMaxRegsTwoCtas) mla_decode_fp8_kernel(const
       const uint2 v1 = *reinterpret_cast<const uint2*>(v_col + (tk + 1) * kPitch);
       const uint2 v8 = *reinterpret_cast<const uint2*>(v_col + (tk + 8) * kPitch);
       const uint2 v9 = *reinterpret_cast<const uint2*>(v_col + (tk + 9) * kPitch);
-      fp8frag::pv_step(o, a, v0, v1, v8, v9);
+      ops::pv_step(o, a, v0, v1, v8, v9);
     }
   }
 
@@ -408,9 +314,9 @@ __global__ void __maxnreg__(decode::kMaxRegsTwoCtas) mla_decode_fp8_kernel(const
     float l = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) l += red_sum[w * kRows + r];
-    fp8frag::write_row(p, t, tile, warp, tq, h, r, o,
-                       decode::finish_row(row_max[h], l, p.out_scale));
+    ops::write_row(p, t, tile, warp, tq, h, r, o,
+                       ops::finish_row(row_max[h], l, p.out_scale));
   }
 }
 
-}  // namespace fp8mla::detail
+}  // namespace fp8mla::detail::fp8_exact

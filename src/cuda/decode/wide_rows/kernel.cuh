@@ -1,42 +1,37 @@
-// The warp-specialized decode kernel for tiles of 17-64 rows (128-head models run two 64-row
-// tiles per request), for fp8_e4m3 caches and bf16 caches on pages of < 64 tokens (bf16 on pages
-// of >= 64 runs decode_bf16_seesaw_kernel.cuh), so that the tensor cores work while another
-// warpgroup fetches. One CTA of three warpgroups per WorkTile, one CTA per SM; 64-token blocks in
-// two 16-bit tiles (nine 128-byte-swizzled panels of 64 dims, read as K by S and as V by P V):
-//   * warpgroup 2 (the producer) fills tile b % 2 with block b once both consumers are done
-//     with block b - 2. fp8_e4m3: it loads a block's tokens into registers a block ahead (72
-//     bytes a thread: 256 bytes in a row per warp load where the block lies in one page of fused
-//     tokens, else 64 bytes of 8 tokens) and converts them (one cvt.rn.f16x2.e4m3x2 per pair,
-//     exact) into the tile. bf16: cp.async copies straight into the tile (4 tokens x 128 bytes a
-//     warp instruction), two blocks in flight;
-//   * warpgroup 0 computes S = Q K^T for all 64 tokens (m64n64k16: Q read once per 64 tokens),
-//     the online softmax, writes P (the tile's type) into the tile's rope panel (dead once S has
-//     read it) and the rows' rescale factors, and multiplies O[:, 0:256] += P V with P in
-//     registers (one m64n256k16 a 16-token k-step instead of four m64n64k16: fp8 page 64
-//     0.4-2.7% faster, bench/NOTES.md v45);
-//   * warpgroup 1 multiplies O[:, 256:512] += P V with P loaded from the rope panel.
-// No staging buffers: Q (73.7 KB) and two 64-token tiles (73.7 KB each) fill shared memory.
-// Three mbarrier pairs hand the tiles over: full (2 -> 0: the block is in), ready (0 -> 1: P and
-// the factors written), free (0 and 1 -> 2: S and both P V of the tile done; at once when the
-// next block is not in yet). What bounds it (bench/NOTES.md, "Where the 17-64-row kernel's time
-// goes"): no single stage (S, the softmax, P V and the fill each 6-28% by ablation); about half
-// of a block's time is the chain of handoffs between the three warpgroups, and reorderings of
-// the loop measured slower (v29-v31).
-// fp8 Q is fp16, scaled per row by a power of two (wg::load_q), with q_pe times kpe_scale /
-// ckv_scale before its rounding: exact when the two scales are equal (fp8mla's caches, SGLang's
-// pools), otherwise one fp16 rounding (2^-11 relative) of q_pe. bf16 Q is used as given.
+// wide_rows: fp8_e4m3 and bf16 tiles of 17-64 rows (128-head models run two 64-row tiles a
+// request) except bf16 on dense pages of >= 64 tokens (src/core/dispatch.h). One CTA of three
+// warpgroups per WorkTile, one CTA per SM.
+//
+// One idea: warp specialization, so the tensor cores work while another warpgroup fetches. Q
+// (nine 128-byte-swizzled panels, fp16 scaled per row for fp8 caches, bf16 as given) and two
+// 64-token 16-bit tiles fill shared memory. Warpgroup 2 (the producer) fills tile b % 2 with
+// block b once both consumers are done with block b - 2: fp8 codes loaded into registers a block
+// ahead and converted into the tile (exact), bf16 by cp.async straight into it. Warpgroup 0
+// computes S = Q K^T (m64n64k16), the online softmax, writes P into the tile's rope panel (dead
+// once S has read it) and O[:, 0:256] += P V with P in registers (m64n256k16); warpgroup 1
+// multiplies O[:, 256:512] += P V. Three mbarrier pairs hand the tiles over: full (2 -> 0),
+// ready (0 -> 1: P and the factors written), free (0 and 1 -> 2). setmaxnreg moves registers to
+// where they are needed (kRegs). fp8 q_pe carries kpe_scale / ckv_scale before its fp16 rounding:
+// exact when the ratio is a power of two, else one fp16 rounding (2^-11 relative) of q_pe.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
-#include "src/cuda/cuda_util.cuh"
-#include "src/cuda/decode_kernel.cuh"
 #include "src/cuda/decode_params.h"
-#include "src/cuda/decode_wgmma_kernel.cuh"
+#include "src/cuda/ops/convert.cuh"
+#include "src/cuda/ops/copy.cuh"
+#include "src/cuda/ops/epilogue.cuh"
+#include "src/cuda/ops/mma.cuh"
+#include "src/cuda/ops/q.cuh"
+#include "src/cuda/ops/softmax.cuh"
+#include "src/cuda/ops/sync.cuh"
+#include "src/cuda/ops/tile.cuh"
 
-namespace fp8mla::detail {
+namespace fp8mla::detail::wide_rows {
 
-namespace ws {
+// The shared tile operations (src/cuda/ops).
+using namespace ops;
 
 inline constexpr int kN = 64;  // cache tokens per block
 inline constexpr int kPanel = kN * 128;
@@ -47,13 +42,13 @@ struct Layout {
   static constexpr bool kBf16 = kBf16Cache;  // load_q: bf16 Q as given, else fp16 scaled by 2^e
   static constexpr int kQGroup = 6;          // load_q: Q chunks a thread loads at once (v61)
   static constexpr int kQ = 0;
-  static constexpr int kTile = kQ + 9 * wg::kQPanel;          // [2] 16-bit tiles
+  static constexpr int kTile = kQ + 9 * rows64::kQPanel;          // [2] 16-bit tiles
   static constexpr int kFlags = kTile + 2 * kTileBytes;       // [tile][token] present
   static constexpr int kFactor = kFlags + 2 * kN;             // [tile][row] O's rescale factor
-  static constexpr int kStats = kFactor + 2 * wg::kRows * 4;  // [row] max, sum at the end
-  static constexpr int kQInv = kStats + 2 * wg::kRows * 4;
-  static constexpr int kQAmax = kQInv + wg::kRows * 4;
-  static constexpr int kBars = kQAmax + wg::kRows * 4;     // full[2], ready[2], free[2]
+  static constexpr int kStats = kFactor + 2 * rows64::kRows * 4;  // [row] max, sum at the end
+  static constexpr int kQInv = kStats + 2 * rows64::kRows * 4;
+  static constexpr int kQAmax = kQInv + rows64::kRows * 4;
+  static constexpr int kBars = kQAmax + rows64::kRows * 4;     // full[2], ready[2], free[2]
   static constexpr int kSmemBytes = kBars + 6 * 8 + 1024;  // + slack to align to 1 KB
   static_assert(kSmemBytes <= 227 * 1024, "tile does not fit in shared memory");
 };
@@ -80,7 +75,7 @@ __device__ __forceinline__ bool fused_rows(const DecodeParams& p) {
 }
 
 // Pools of fused rows whose pages lie back to back (fp8mla's and SGLang's pools): a token's row is
-// slot x kToken bytes in, one multiply instead of decode::slot_addr's two 64-bit products a
+// slot x kToken bytes in, one multiply instead of ops::slot_addr's two 64-bit products a
 // pointer.
 template <int kToken>
 __device__ __forceinline__ bool fused_pool(const DecodeParams& p) {
@@ -89,11 +84,11 @@ __device__ __forceinline__ bool fused_pool(const DecodeParams& p) {
 
 // Token `tok`'s ckv and kpe (nullptr when absent) from its entry e.
 template <int kToken>
-__device__ __forceinline__ decode::TokenAddr token_addr(const DecodeParams& p, const WorkTile& t,
+__device__ __forceinline__ ops::TokenAddr token_addr(const DecodeParams& p, const WorkTile& t,
                                                         int blk, std::int32_t e, int tok,
                                                         bool fused) {
-  const std::int64_t slot = decode::entry_slot_of<kN>(p, t, blk, e, tok);
-  if (!fused) return decode::slot_addr(p, slot);
+  const std::int64_t slot = ops::entry_slot_of<kN>(p, t, blk, e, tok);
+  if (!fused) return ops::slot_addr(p, slot);
   if (slot < 0) return {nullptr, nullptr};
   const std::uint8_t* ckv = p.ckv + slot * kToken;
   return {ckv, ckv + kToken / 9 * 8};  // ckv: 8 of the 9 64-dim parts
@@ -111,7 +106,7 @@ __device__ __forceinline__ void load_share(const DecodeParams& p, const WorkTile
   const int cc = threadIdx.x % 32 / 8;
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
-    const decode::TokenAddr a = token_addr<576>(p, t, blk, e[j], share_token(j), fused);
+    const ops::TokenAddr a = token_addr<576>(p, t, blk, e[j], share_token(j), fused);
     sh.ok[j] = a.ckv != nullptr;
 #pragma unroll
     for (int k = 0; k < 9; ++k) {
@@ -239,7 +234,7 @@ __device__ __forceinline__ void copy_bf16_block(const DecodeParams& p, const Wor
       ckv = base + 1152 * 16 * j;
       kpe = ckv + 1024;
     } else {
-      const decode::TokenAddr a = token_addr<1152>(p, t, blk, e[j], tok, fused);
+      const ops::TokenAddr a = token_addr<1152>(p, t, blk, e[j], tok, fused);
       valid = a.ckv != nullptr;
       ckv = a.ckv, kpe = a.kpe;
     }
@@ -254,10 +249,10 @@ __device__ __forceinline__ void copy_bf16_block(const DecodeParams& p, const Wor
 }
 
 // P of block tile `tile` (64 rows x 64 tokens, 16-bit, in the tile's rope panel once S has read
-// it): lane `lane`'s ldmatrix / stmatrix address for k-step kk (wg::frag_addr).
+// it): lane `lane`'s ldmatrix / stmatrix address for k-step kk (ops::frag_addr).
 __device__ __forceinline__ std::uint8_t* p_frag_addr(std::uint8_t* smem, int tile, int warp,
                                                      int lane, int kk) {
-  return wg::frag_addr(smem + Layout<false>::kTile + tile * kTileBytes + 8 * kPanel, warp, lane,
+  return ops::frag_addr(smem + Layout<false>::kTile + tile * kTileBytes + 8 * kPanel, warp, lane,
                        kk);
 }
 
@@ -270,19 +265,15 @@ inline constexpr int kLaunchRegs = 168;
 inline constexpr int kRegs[3] = {216, 176, 112};
 static_assert(kRegs[0] + kRegs[1] + kRegs[2] <= 3 * kLaunchRegs, "register pool exceeded");
 
-}  // namespace ws
-
 template <bool kBf16>
-__global__ void __launch_bounds__(ws::kThreads, 1)
-    mla_decode_wgmma_ws_kernel(const DecodeParams p) {
-  using namespace ws;
-  using L = ws::Layout<kBf16>;
+__global__ void __launch_bounds__(kThreads, 1) wide_rows_kernel(const DecodeParams p) {
+  using L = Layout<kBf16>;
   DeviceTile tile;
-  if (!decode::load_tile(p, tile)) return;
-  decode::begin_after_previous_kernel();
+  if (!ops::load_tile(p, tile)) return;
+  ops::begin_after_previous_kernel();
   std::uint8_t* smem = dynamic_smem_1k();
   const WorkTile t = tile.tile;
-  const int group = wg::uniform_warpgroup();  // the role
+  const int group = ops::uniform_warpgroup();  // the role
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int g = lane / 4;
   const int q_first = tile.q_first;
@@ -302,7 +293,7 @@ __global__ void __launch_bounds__(ws::kThreads, 1)
     // ---- warpgroup 2: fetches block b into tile b % 2 once both consumers are done with
     // block b - 2. fp8: loads into registers a block ahead, converts into the tile; bf16:
     // cp.async copies, two blocks in flight. Entries are loaded a block before their use
-    // (decode::token_entry_of): fp8 per token e[0..1], bf16 e[0..3] (one per block, e[0], for
+    // (ops::token_entry_of): fp8 per token e[0..1], bf16 e[0..3] (one per block, e[0], for
     // contiguous blocks) ----
     setmaxnreg_dec<kRegs[2]>();
     if (n_blocks == 0) return;
@@ -316,7 +307,7 @@ __global__ void __launch_bounds__(ws::kThreads, 1)
       for (int j = 0; j < kEntries; ++j) {
         if (j > 0 && contig) break;
         const int tok = contig ? 0 : kBf16 ? copy_token(j) : share_token(j);
-        e[j] = decode::token_entry_of<kN>(p, t, q_first, tile.kv_base, blk, tok);
+        e[j] = ops::token_entry_of<kN>(p, t, q_first, tile.kv_base, blk, tok);
       }
     };
     entries(0);
@@ -377,7 +368,7 @@ __global__ void __launch_bounds__(ws::kThreads, 1)
   // P V of output dims [0, 256); warpgroup 1 P V of [256, 512) with P from shared memory ----
   auto consume = [&](auto role) {
     constexpr int kGroup = decltype(role)::value;
-    wg::load_q<L>(p, t, q_first, p.scale_pe / p.scale_nope, smem);  // ends with a barrier
+    ops::load_q_panels<L>(p, t, q_first, p.scale_pe / p.scale_nope, smem);  // ends with a barrier
     float o[4][32];
 #pragma unroll
     for (int c = 0; c < 4; ++c)
@@ -404,21 +395,21 @@ __global__ void __launch_bounds__(ws::kThreads, 1)
       for (int blk = 0; blk < n_blocks; ++blk) {
         const int s = blk & 1;
         mbar_wait(ready + 8 * s, (blk >> 1) & 1);
-        const float f[2] = {factor[s * wg::kRows + 16 * warp + g],
-                            factor[s * wg::kRows + 16 * warp + g + 8]};
+        const float f[2] = {factor[s * rows64::kRows + 16 * warp + g],
+                            factor[s * rows64::kRows + 16 * warp + g + 8]};
         // P (the tile's rope panel) as A fragments: read once, not once per V panel as an
         // operand from shared memory would be (8 KB a block instead of 32 KB).
         std::uint32_t pa[4][4];
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) ldmatrix_x4(pa[kk], p_frag_addr(smem, s, warp, lane, kk));
-        wg::rescale_o(o, f);
+        ops::rescale_o(o, f);
         pv(static_cast<std::uint32_t>(__shfl_sync(0xffffffffu, s * kTileBytes, 0)), pa);
         wgmma_wait<0>();
 #pragma unroll
         for (int c = 0; c < 4; ++c) wgmma_fence_operand(o[c]);
         mbar_arrive(freed + 8 * s);
       }
-      named_barrier_sync(wg::kConsumerBarrier, wg::kThreads);  // the rows' max and sum
+      named_barrier_sync(rows64::kConsumerBarrier, rows64::kThreads);  // the rows' max and sum
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float2 v = stats[16 * warp + g + 8 * h];
@@ -428,7 +419,7 @@ __global__ void __launch_bounds__(ws::kThreads, 1)
       const int tq = lane % 4;
       int limit[2];
       float sc[2];
-      wg::row_bounds(p, tile, warp, g, reinterpret_cast<const float*>(smem + L::kQInv), limit, sc);
+      ops::row_bounds(p, tile, warp, g, reinterpret_cast<const float*>(smem + L::kQInv), limit, sc);
       const int limit_min = min(limit[0], limit[1]);
       const std::uint64_t dq = wgmma_desc(smem + L::kQ, 16, 1024);
       const std::uint64_t dk = wgmma_desc(tiles, 16, 1024);
@@ -448,7 +439,7 @@ __global__ void __launch_bounds__(ws::kThreads, 1)
         wgmma_fence();
 #pragma unroll
         for (int k = 0; k < 36; ++k)
-          wgmma_64x64x16_ss<0, kBf16>(sacc, desc_add(dq, (k / 4) * wg::kQPanel + 32 * (k % 4)),
+          wgmma_64x64x16_ss<0, kBf16>(sacc, desc_add(dq, (k / 4) * rows64::kQPanel + 32 * (k % 4)),
                                       desc_add(dk, off + (k / 4) * kPanel + 32 * (k % 4)), k > 0);
         wgmma_commit();
         if (blk >= 1 && !released) {
@@ -469,43 +460,43 @@ __global__ void __launch_bounds__(ws::kThreads, 1)
                                   c.w & d.x & d.y & d.z & d.w) == 0x01010101u;
         const int j0 = t.kv_begin + blk * kN;
         float mx[2];
-        wg::mask_and_max(sacc, mx, all_present && j0 + kN - 1 <= limit_min, fl, j0, limit);
+        ops::mask_and_max(sacc, mx, all_present && j0 + kN - 1 <= limit_min, fl, j0, limit);
         float f[2], pbase[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const float base = wg::new_base(row_max[h], __fmul_rn(mx[h], sc[h]));  // sc > 0
-          f[h] = wg::factor(row_max[h], base);
+          const float base = ops::new_base(row_max[h], __fmul_rn(mx[h], sc[h]));  // sc > 0
+          f[h] = ops::factor(row_max[h], base);
           row_max[h] = base;
           pbase[h] = base == -INFINITY ? 0.0f : base;
-          if (tq == 0) factor[s * wg::kRows + 16 * warp + g + 8 * h] = f[h];
+          if (tq == 0) factor[s * rows64::kRows + 16 * warp + g + 8 * h] = f[h];
         }
         // P into the rope panel of tile s (S has read it), for warpgroup 1's P V.
         std::uint32_t pa[4][4];
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
-          wg::p_frags<kBf16>(pa[kk], sacc, kk, sc, pbase);
+          ops::p_frags<kBf16>(pa[kk], sacc, kk, sc, pbase);
           stmatrix_x4(p_frag_addr(smem, s, warp, lane, kk), pa[kk]);
         }
         // No proxy fence: warpgroup 1 reads P by ldmatrix, in the same (generic) proxy, and no
         // wgmma reads this panel before the producer refills it behind its own fence (v48).
         mbar_arrive(ready + 8 * s);
-        wg::rescale_o(o, f);
+        ops::rescale_o(o, f);
         row_sum[0] *= f[0], row_sum[1] *= f[1];
         pv(off, pa);
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wg::add_sums<kBf16>(row_sum, pa[kk]);
+        for (int kk = 0; kk < 4; ++kk) ops::add_sums<kBf16>(row_sum, pa[kk]);
       }
       wgmma_wait<0>();
 #pragma unroll
       for (int c = 0; c < 4; ++c) wgmma_fence_operand(o[c]);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        row_sum[h] = wg::quad_sum(row_sum[h]);
+        row_sum[h] = ops::quad_sum(row_sum[h]);
         if (tq == 0) stats[16 * warp + g + 8 * h] = make_float2(row_max[h], row_sum[h]);
       }
-      named_barrier_sync(wg::kConsumerBarrier, wg::kThreads);  // the rows' max and sum
+      named_barrier_sync(rows64::kConsumerBarrier, rows64::kThreads);  // the rows' max and sum
     }
-    wg::store_rows(p, tile, kGroup, warp, lane, o, row_max, row_sum);
+    ops::store_rows(p, tile, kGroup, warp, lane, o, row_max, row_sum);
   };
   if (group == 0) {
     setmaxnreg_inc<kRegs[0]>();
@@ -516,4 +507,4 @@ __global__ void __launch_bounds__(ws::kThreads, 1)
   }
 }
 
-}  // namespace fp8mla::detail
+}  // namespace fp8mla::detail::wide_rows

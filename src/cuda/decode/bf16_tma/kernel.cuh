@@ -1,46 +1,45 @@
-// The bf16 decode kernel for tiles of <= 16 rows on dense page tables: the structure of the fp8
-// TMA kernel (decode_fp8_tma_kernel.cuh) on bf16 bytes, tiles loaded the way FlashMLA's bf16
-// kernel loads them. The shared-tile kernel (decode_kernel.cuh), which keeps bf16 sparse lists,
-// copies tokens one by one into padded rows; its copies alone took FlashMLA's whole time at
-// 128/16/8192 (bench/NOTES.md v36, v38). Per block:
-//   * pages of >= 8 tokens: the TMA engine copies each page run of the block (min(page_size, 64)
-//     tokens) as nine 128-byte-swizzled slabs of 64 dims (ckv: slabs 0-7, kpe: slab 8): a 72 KB
-//     stage, two stages, one CTA per SM. Pages of < 8 tokens (kGather): one bulk copy a token
-//     into rows of 1168 bytes (a one-token box into the swizzled layout faults, v50), issued by
-//     four producer warps (TokenProducer), tokens past the tile zero-filled (v66, v67);
-//   * S^T = K Q^T on bf16 wgmma (m64n16k16; K the stage's slabs, Q^T the q rows in the same
-//     layout; kGather: K loaded into registers by ldmatrix, which reads rows at any pitch):
-//     warpgroup w multiplies ckv dims 256w .. 256w + 255 and kpe k-steps 2w, 2w + 1, and the
-//     sums meet through a 4 KB exchange; each thread finishes 2 tokens x 2 rows as in the fp8 TMA
-//     kernel;
-//   * the fp8 TMA kernel's online softmax, with P as bf16 in shared memory;
-//   * O += P V on mma.sync (m16n8k16, bf16): warp w owns output columns [64 w, 64 w + 64), which
-//     are ckv slab w; V's B fragments come by ldmatrix.trans from the swizzled slab (or the row).
-// Tokens past the tile's end inside a copied page run are zeroed before P V reads them (P is 0
-// there, but 0 * NaN would not be).
+// bf16_tma and bf16_gather: bf16 tiles of <= 16 rows on dense page tables (src/core/dispatch.h):
+// bf16_tma on pages of >= 8 tokens while tiles are short, bf16_gather on smaller pages and for
+// long tiles. One body, decode_tile<kGather>; one CTA an SM (bf16_gather: 8 math warps and four
+// producer warps).
+//
+// One idea: fp8_tma's structure on bf16 bytes. bf16_tma's stage is a block's page runs copied as
+// nine 128-byte-swizzled slabs of 64 dims by tensor maps (ckv: slabs 0-7, kpe: slab 8);
+// bf16_gather's is 64 rows of kPitch bytes, one bulk copy a token by the producer warps
+// (ops::TokenProducer), tokens past the tile zero-filled. S^T = K Q^T on bf16 wgmma (m64n16k16;
+// K from the slabs, or loaded into registers by ldmatrix from the rows): warpgroup w multiplies
+// ckv dims 256w .. 256w + 255 and kpe k-steps 2w, 2w + 1, and the sums meet through a 4 KB
+// exchange; fp8_tma's online softmax with P as bf16; O += P V on mma.sync, warp w owning
+// columns [64w, 64w + 64), V's fragments by ldmatrix.trans. Tokens past the tile's end inside a
+// copied page run are zeroed before P V reads them (P is 0 there, but 0 * NaN would not be).
 #pragma once
 
 #include <cstdint>
 
-#include "src/cuda/cuda_util.cuh"
-#include "src/cuda/decode_fp8_kernel.cuh"
-#include "src/cuda/decode_fp8_tma_kernel.cuh"
-#include "src/cuda/decode_kernel.cuh"
 #include "src/cuda/decode_params.h"
+#include "src/cuda/ops/convert.cuh"
+#include "src/cuda/ops/copy.cuh"
+#include "src/cuda/ops/epilogue.cuh"
+#include "src/cuda/ops/mma.cuh"
+#include "src/cuda/ops/q.cuh"
+#include "src/cuda/ops/softmax.cuh"
+#include "src/cuda/ops/stage_copy.cuh"
+#include "src/cuda/ops/tile.cuh"
 
-namespace fp8mla::detail {
+namespace fp8mla::detail::bf16_tma {
 
-namespace bf16tma {
+// The shared tile operations (src/cuda/ops).
+using namespace ops;
 
-using fp8frag::kBlockN;
-using fp8frag::kPElems;  // P's row pitch (here bf16): ldmatrix conflict-free
-using fp8frag::kRows;
-using fp8frag::kThreads;
-using fp8frag::kWarps;
+using rows16::kBlockN;
+using rows16::kPElems;  // P's row pitch (here bf16): ldmatrix conflict-free
+using rows16::kRows;
+using rows16::kThreads;
+using rows16::kWarps;
 inline constexpr int kStages = 2;
-using fp8tma::kSlab;                                  // 64 dims (128 bytes) of a block's tokens
+using rows16::kSlab;                                  // 64 dims (128 bytes) of a block's tokens
 inline constexpr int kQSlab = kRows * 128;            // 64 dims of the q rows
-inline constexpr int kPitch = decode::kRowElems * 2;  // kGather's token rows (1168 bytes)
+inline constexpr int kPitch = (576 + 8) * 2;  // kGather's token rows: 1168 bytes, ldmatrix conflict-free
 // Offsets from the 1024-byte-aligned base (swizzle atoms). A stage holds a block's tokens: for
 // the tensor-map copies ckv slabs 0-7 and kpe slab 8, for the per-token copies (kGather) 64 rows
 // of kPitch bytes.
@@ -95,10 +94,10 @@ __device__ __forceinline__ void s_product_rows(float (&d)[8], const std::uint8_t
         i > 0);
 }
 
-// kGather's copies: fp8tma::TokenProducer's four producer warps, one bulk copy a token into a
+// kGather's copies: ops::TokenProducer's four producer warps, one bulk copy a token into a
 // kPitch-byte row (v66, v67).
-using fp8tma::kCtaThreads;
-using TokenProducer = fp8tma::TokenProducer<kStages, Layout<true>::kStageBytes, kPitch, 1024, 128>;
+using ops::kCtaThreads;
+using TokenProducer = ops::TokenProducer<kStages, Layout<true>::kStageBytes, kPitch, 1024, 128>;
 
 // Byte offset of q row n (0..15), 8-dim chunk c (0..71) in the Q operand at kQ.
 template <int kQ>
@@ -106,20 +105,18 @@ __device__ __forceinline__ int q_offset(int n, int c) {
   return kQ + c / 8 * kQSlab + n / 8 * 1024 + sw128(n % 8, c % 8 * 16);
 }
 
-}  // namespace bf16tma
-
 // kGather = false: pages of >= 8 tokens, copied by tensor maps; true: pages of < 8 tokens, one
 // bulk copy a token into kPitch-byte rows, S's cache operand from registers (s_product_rows).
+// (bf16_tma_kernel, bf16_gather_kernel: instantiations/*.cu of their folders; p is the kernel's
+// __grid_constant__ parameter, whose tensor maps the TMA engine reads.)
 template <bool kGather>
-__global__ void __launch_bounds__(bf16tma::kCtaThreads<kGather>, 1)
-    mla_decode_bf16_tma_kernel(const __grid_constant__ DecodeParams p) {
-  using namespace bf16tma;
+__device__ __forceinline__ void decode_tile(const DecodeParams& p) {
   using L = Layout<kGather>;
   DeviceTile tile;
-  if (!decode::load_tile(p, tile)) return;
+  if (!ops::load_tile(p, tile)) return;
   std::uint8_t* smem = dynamic_smem_1k();
   const WorkTile t = tile.tile;
-  const auto [warp, lane, g, tq, wg, wr] = decode::thread_roles();
+  const auto [warp, lane, g, tq, wg, wr] = ops::thread_roles();
   const int rows = t.q_count * t.head_count;
   const int q_first = tile.q_first;
   const int qo_len = tile.qo_len;
@@ -127,7 +124,7 @@ __global__ void __launch_bounds__(bf16tma::kCtaThreads<kGather>, 1)
   const int n_blocks = (t.kv_end - t.kv_begin + kBlockN - 1) / kBlockN;
 
   // ---- copies: page runs as eight ckv slabs and a kpe slab by the math warps
-  // (fp8tma::PageRunCopier), or tokens by the producer warps (kGather: TokenProducer), beside
+  // (ops::PageRunCopier), or tokens by the producer warps (kGather: TokenProducer), beside
   // which the math warps' barriers are a named barrier of their own ----
   if constexpr (kGather) {
     if (warp >= kWarps) {
@@ -136,12 +133,12 @@ __global__ void __launch_bounds__(bf16tma::kCtaThreads<kGather>, 1)
       return;
     }
   }
-  fp8tma::PageRunCopier<8, 128> runs(p, tile, warp, lane);
+  ops::PageRunCopier<8, 128> runs(p, tile, warp, lane);
   const bool copier = !kGather && runs.copier;
   std::int32_t entry0 = 0, next_entry = 0;
   static_assert(kStages == 2, "PageRunCopier::start sets up two stages");
   if constexpr (kGather)
-    decode::begin_after_previous_kernel();
+    ops::begin_after_previous_kernel();
   else
     runs.start(p, smem + L::kBar, smem + L::kEmpty, entry0, next_entry);
 
@@ -149,7 +146,7 @@ __global__ void __launch_bounds__(bf16tma::kCtaThreads<kGather>, 1)
   {
     const int q_r = threadIdx.x / 16, q_part = threadIdx.x % 16;
     uint4 q_v[5];
-    fp8frag::load_q_chunks(p, t, q_first, rows, q_r, q_part, q_v);
+    ops::load_q_chunks(p, t, q_first, rows, q_r, q_part, q_v);
 #pragma unroll
     for (int i = 0; i < 5; ++i) {
       const int c = q_part + 16 * i;
@@ -167,10 +164,10 @@ __global__ void __launch_bounds__(bf16tma::kCtaThreads<kGather>, 1)
   // This thread's S entries: tokens tok0, tok0 + 8 of the block, rows pr, pr + 1 (its P rows).
   const int tok0 = 16 * wr + g;
   const int pr = 8 * wg + 2 * tq;
-  const int limit_p[2] = {decode::row_limit(p, t, pr, kv_len, qo_len),
-                          decode::row_limit(p, t, pr + 1, kv_len, qo_len)};
+  const int limit_p[2] = {ops::row_limit(p, t, pr, kv_len, qo_len),
+                          ops::row_limit(p, t, pr + 1, kv_len, qo_len)};
   const float sc[2] = {p.scale_nope, p.scale_nope};  // bf16: one scale for every product
-  fp8tma::RowState st;                               // maxima, P rows' sums, O
+  ops::RowState st;                               // maxima, P rows' sums, O
 
   std::uint16_t* p_s = reinterpret_cast<std::uint16_t*>(smem + L::kP);
   float* red_max = reinterpret_cast<float*>(smem + L::kRed);
@@ -193,7 +190,7 @@ __global__ void __launch_bounds__(bf16tma::kCtaThreads<kGather>, 1)
     if constexpr (kGather)
       mbar_wait(smem + L::kBar + 8 * stage, (blk / kStages) % 2);  // block blk landed
     else
-      fp8tma::next_block<L::kStageBytes>(runs, p, blk, n_blocks, next_entry, smem + L::kKv,
+      ops::next_block<L::kStageBytes>(runs, p, blk, n_blocks, next_entry, smem + L::kKv,
                                          smem + L::kBar, smem + L::kEmpty);
     std::uint8_t* kv = smem + L::kKv + stage * L::kStageBytes;
 
@@ -209,16 +206,16 @@ __global__ void __launch_bounds__(bf16tma::kCtaThreads<kGather>, 1)
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_operand(d);
-    // d[4 i + e]: rows 8 i + 2 tq (+ 1) of tokens tok0, tok0 + 8 (fp8tma::exchange_rows's order)
+    // d[4 i + e]: rows 8 i + 2 tq (+ 1) of tokens tok0, tok0 + 8 (ops::exchange_rows's order)
     const float rows0[4] = {d[0], d[1], d[2], d[3]}, rows1[4] = {d[4], d[5], d[6], d[7]};
     float full[4];
-    fp8tma::exchange_rows<kGather>(rows0, rows1, wg, xch, full);
+    ops::exchange_rows<kGather>(rows0, rows1, wg, xch, full);
     const int j0 = t.kv_begin + blk * kBlockN;
     const int n_valid = min(kBlockN, t.kv_end - j0);
-    if (!kGather && n_valid < kBlockN) fp8tma::zero_rows_past<8>(kv, n_valid);  // kGather: copier
+    if (!kGather && n_valid < kBlockN) ops::zero_rows_past<8>(kv, n_valid);  // kGather: copier
 
     // ---- scores, masks, block row max, online softmax: P rows pr, pr + 1; O rows g, g + 8 ----
-    fp8tma::softmax_block<__nv_bfloat16, kGather>(full, sc, j0, t.kv_end, limit_p, tok0, pr, g, wr,
+    ops::softmax_block<__nv_bfloat16, kGather>(full, sc, j0, t.kv_end, limit_p, tok0, pr, g, wr,
                                                   red_max, p_s, st);
 
     // ---- O += P V: the warp's columns 64 warp + [0, 64), n-tile n = columns 8 n .. 8 n + 7 ----
@@ -248,13 +245,13 @@ __global__ void __launch_bounds__(bf16tma::kCtaThreads<kGather>, 1)
 
   // ---- epilogue: row sums over the warpgroup, then o / l and lse ----
   float* red_sum = reinterpret_cast<float*>(smem + L::kRed);
-  fp8tma::reduce_row_sums<kGather>(st.row_sum, pr, g, wr, red_sum);
+  ops::reduce_row_sums<kGather>(st.row_sum, pr, g, wr, red_sum);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = g + 8 * h;
     if (r >= rows) continue;
-    const decode::RowEnd end =
-        decode::finish_row(st.max_o[h], fp8tma::row_total(red_sum, r), p.out_scale);
+    const ops::RowEnd end =
+        ops::finish_row(st.max_o[h], ops::row_total(red_sum, r), p.out_scale);
     const int tr = r / t.head_count;
     const std::int64_t head = t.head_begin + r % t.head_count;
     const std::int64_t token = q_first + tr;
@@ -268,7 +265,7 @@ __global__ void __launch_bounds__(bf16tma::kCtaThreads<kGather>, 1)
       if (p.lse != nullptr && warp == 0 && tq == 0)
         p.lse[token * p.lse_stride[0] + head * p.lse_stride[1]] = end.lse;
     } else {
-      const std::int64_t prow = decode::partial_row(p, t, qo_len, tr, head);
+      const std::int64_t prow = ops::partial_row(p, t, qo_len, tr, head);
       float* dst = p.partial_o + prow * 512 + col0;
 #pragma unroll
       for (int n = 0; n < 8; ++n)
@@ -279,4 +276,4 @@ __global__ void __launch_bounds__(bf16tma::kCtaThreads<kGather>, 1)
   }
 }
 
-}  // namespace fp8mla::detail
+}  // namespace fp8mla::detail::bf16_tma

@@ -1,50 +1,44 @@
-// The fp8_e4m3 decode kernel for tiles of <= 16 rows on dense pages of < 8 tokens (bench/NOTES.md
-// v65, v68, v69): two block chains in one CTA. A one-token box into the fp8 TMA kernel's swizzled
-// layout faults (v50), so four producer warps (fp8tma::TokenProducer) issue one bulk copy a token
-// into rows of fp8frag::kPitch bytes, kStages stages ahead; the registers they need leave one CTA
-// an SM, and one CTA splitting each block's S between its warpgroups (the TMA kernel's form) runs
-// one chain of S -> exchange -> softmax -> P V a block that nothing overlaps (v33: ~1.3 us a
-// block). Here each warpgroup takes alternate blocks whole:
-//   * block b lands in stage b % kStages; warpgroup b % 2 reads it and releases it (its 128
-//     threads arrive);
-//   * S^T = K Q^T over all 18 k-steps of 32 dims (m64n32k32, A = the warp's 16 tokens loaded by
-//     ldmatrix from the rows, which no wgmma descriptor can address at this pitch; B = Q's hi and
-//     lo e4m3 terms, fp8tma::store_q_terms), in chains of three steps; each thread then holds 8
-//     scores: tokens 16 wr + g (+ 8) x P rows 8 i + 2 tq + k;
-//   * the online softmax over the warpgroup's four warps (its own P and reduction buffers and
-//     barriers);
-//   * O += P V for all 512 columns: warp wr owns columns 128 wr .. 128 wr + 127 as two halves,
-//     each the fragment kernel's 64-column mapping (fp8frag::pv_step, write_row with warp
-//     2 wr + h): O is 64 registers;
-//   * the two warpgroups' states (max, sum, O of rows g, g + 8) meet once, in the epilogue.
-// The work a block is the TMA kernel's, less its exchange and a barrier; two chains overlap inside
-// one CTA as two CTAs' do.
+// fp8_gather: fp8_e4m3 tiles of <= 16 rows on dense page tables with pages of < 8 tokens, fast
+// scores and a power-of-two kpe_scale / ckv_scale (src/core/dispatch.h). One CTA an SM: 8 math
+// warps and four producer warps.
+//
+// One idea: two block chains in one CTA. A one-token tensor-map box into the swizzled layout
+// faults, so the producer warps (ops::TokenProducer) issue one bulk copy a token into rows of
+// rows16::kPitch bytes, kStages stages ahead, and the registers they need leave one CTA an SM;
+// each warpgroup then takes alternate blocks whole, so two chains of S -> softmax -> P V overlap
+// inside the CTA as two CTAs' would. S^T = K Q^T over all 18 k-steps (m64n32k32 e4m3, A loaded by
+// ldmatrix from the rows, B = Q's e4m3 terms) in chains of three; the online softmax over the
+// warpgroup's four warps; O += P V over all 512 columns (each warp 128 columns as two of
+// fp8_exact's 64-column mappings). The two warpgroups' states meet once, in the epilogue.
 #pragma once
 
 #include <cstdint>
 
-#include "src/cuda/cuda_util.cuh"
-#include "src/cuda/decode_fp8_kernel.cuh"
-#include "src/cuda/decode_fp8_tma_kernel.cuh"
-#include "src/cuda/decode_kernel.cuh"
 #include "src/cuda/decode_params.h"
+#include "src/cuda/ops/convert.cuh"
+#include "src/cuda/ops/copy.cuh"
+#include "src/cuda/ops/epilogue.cuh"
+#include "src/cuda/ops/mma.cuh"
+#include "src/cuda/ops/q.cuh"
+#include "src/cuda/ops/softmax.cuh"
+#include "src/cuda/ops/stage_copy.cuh"
+#include "src/cuda/ops/tile.cuh"
 
-namespace fp8mla::detail {
+namespace fp8mla::detail::fp8_gather {
 
-namespace fp8gather {
+// The shared tile operations (src/cuda/ops).
+using namespace ops;
 
-using fp8frag::kBlockN;
-using fp8frag::kPElems;
-using fp8frag::kPitch;
-using fp8frag::kRows;
-using fp8tma::kQBytes;
-using fp8tma::kQSlab;
+using rows16::kBlockN;
+using rows16::kPElems;
+using rows16::kPitch;
+using rows16::kRows;
 // Four 37 KB stages fit beside Q (v68). S's accumulators: three (s_product), with A loaded a
 // k-step at a time (two k-steps at a time spill).
 inline constexpr int kStages = 4;
 inline constexpr int kChains = 3;
-inline constexpr int kMathThreads = fp8frag::kThreads;
-inline constexpr int kCtaThreads = fp8tma::kCtaThreads<true>;
+inline constexpr int kMathThreads = rows16::kThreads;
+inline constexpr int kCtaThreads = ops::kCtaThreads<true>;
 inline constexpr int kMaxRegs = 65536 / kCtaThreads / 8 * 8;
 inline constexpr int kStageBytes = kBlockN * kPitch;
 // Offsets from the 1024-byte-aligned base.
@@ -62,7 +56,7 @@ inline constexpr int kEmpty = kBar + kStages * 8;
 // (racecheck misses the barrier that orders such reuse here: racecheck_barrier_repro.cu).
 inline constexpr int kXo = (kEmpty + kStages * 8 + 15) / 16 * 16;
 inline constexpr int kSmemBytes = kXo + 16 * 128 * 16 + 1024;
-static_assert(kSmemBytes + 1024 + decode::kMergeCtaSmem <= 228 * 1024, "one CTA and a merge CTA");
+static_assert(kSmemBytes + 1024 + ops::kMergeCtaSmem <= 228 * 1024, "one CTA and a merge CTA");
 
 // The warpgroup's barrier (128 threads; ids 3 and 4: 0 is the CTA's, 1 the math warps', 2 the
 // producers'), from one instruction per warpgroup so ptxas keeps its operands immediate.
@@ -113,33 +107,30 @@ __device__ __forceinline__ void s_product(float (&d)[kChains][16], const std::ui
   }
 }
 
-}  // namespace fp8gather
-
-__global__ void __maxnreg__(fp8gather::kMaxRegs)
-    mla_decode_fp8_gather_kernel(const __grid_constant__ DecodeParams p) {
-  using namespace fp8gather;
+__global__ void __maxnreg__(kMaxRegs)
+    fp8_gather_kernel(const __grid_constant__ DecodeParams p) {
   DeviceTile tile;
-  if (!decode::load_tile(p, tile)) return;
+  if (!ops::load_tile(p, tile)) return;
   std::uint8_t* smem = dynamic_smem_1k();
   const WorkTile t = tile.tile;
-  const auto [warp, lane, g, tq, wg, wr] = decode::thread_roles();
+  const auto [warp, lane, g, tq, wg, wr] = ops::thread_roles();
   const int rows = t.q_count * t.head_count;
   const int n_blocks = (t.kv_end - t.kv_begin + kBlockN - 1) / kBlockN;
 
   // ---- copies: the producer warps (a stage is released by its warpgroup's 128 threads) ----
-  using Producer = fp8tma::TokenProducer<kStages, kStageBytes, kPitch, 512, 64, 128>;
+  using Producer = ops::TokenProducer<kStages, kStageBytes, kPitch, 512, 64, 128>;
   if (warp >= kMathThreads / 32) {
     Producer::run(p, tile, warp - 8, lane, n_blocks, smem + kKv, smem + kBar, smem + kEmpty);
     return;
   }
-  decode::begin_after_previous_kernel();
+  ops::begin_after_previous_kernel();
 
   // ---- Q: hi and lo e4m3 terms as the B operand, the rows' score scales ----
   {
     const int q_r = threadIdx.x / 16, q_part = threadIdx.x % 16;
     uint4 q_v[5];
-    fp8frag::load_q_chunks(p, t, tile.q_first, rows, q_r, q_part, q_v);
-    fp8tma::store_q_terms<kQ>(p, q_v, q_r, q_part, smem, reinterpret_cast<float*>(smem + kScale));
+    ops::load_q_chunks(p, t, tile.q_first, rows, q_r, q_part, q_v);
+    ops::store_q_terms<kQ>(p, q_v, q_r, q_part, smem, reinterpret_cast<float*>(smem + kScale));
   }
   Producer::cta_sync();
 
@@ -150,7 +141,7 @@ __global__ void __maxnreg__(fp8gather::kMaxRegs)
 #pragma unroll
   for (int ri = 0; ri < 4; ++ri) {
     const int r = 8 * (ri / 2) + 2 * tq + ri % 2;
-    limit[ri] = decode::row_limit(p, t, r, tile.kv_len, tile.qo_len);
+    limit[ri] = ops::row_limit(p, t, r, tile.kv_len, tile.qo_len);
     sc[ri] = reinterpret_cast<const float*>(smem + kScale)[r];
   }
   float max_p[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
@@ -214,23 +205,23 @@ __global__ void __maxnreg__(fp8gather::kMaxRegs)
 #pragma unroll
     for (int ri = 0; ri < 4; ++ri) {
       const int i = ri / 2, k = ri % 2, r = 8 * i + 2 * tq + k;
-      const float mx = fp8tma::block_max(red + r * 4, max_p[ri]);
+      const float mx = ops::block_max(red + r * 4, max_p[ri]);
       const float base = mx == -INFINITY ? 0.0f : mx;
       const float alpha = fast_exp2(max_p[ri] - base);
       max_p[ri] = mx;
       float pa, pb;
-      p_s[r * kPElems + tok0] = fp8tma::p_bits<__half>(fast_exp2(s[4 * i + k] - base), pa);
-      p_s[r * kPElems + tok0 + 8] = fp8tma::p_bits<__half>(fast_exp2(s[4 * i + 2 + k] - base), pb);
+      p_s[r * kPElems + tok0] = ops::p_bits<__half>(fast_exp2(s[4 * i + k] - base), pa);
+      p_s[r * kPElems + tok0 + 8] = ops::p_bits<__half>(fast_exp2(s[4 * i + 2 + k] - base), pb);
       row_sum[ri] = row_sum[ri] * alpha + (pa + pb);
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float mx = fp8tma::block_max(red + (g + 8 * h) * 4, max_o[h]);
+      const float mx = ops::block_max(red + (g + 8 * h) * 4, max_o[h]);
       const float base = mx == -INFINITY ? 0.0f : mx;
       const float alpha = fast_exp2(max_o[h] - base);
       max_o[h] = mx;
-      fp8frag::rescale_rows(o[0], h, alpha);
-      fp8frag::rescale_rows(o[1], h, alpha);
+      ops::rescale_rows(o[0], h, alpha);
+      ops::rescale_rows(o[1], h, alpha);
     }
     wg_sync(wg);
 
@@ -242,7 +233,7 @@ __global__ void __maxnreg__(fp8gather::kMaxRegs)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const std::uint8_t* v = kv + v_off + 16 * kk * kPitch + 64 * (2 * wr + h);
-        fp8frag::pv_step(o[h], a, *reinterpret_cast<const uint2*>(v),
+        ops::pv_step(o[h], a, *reinterpret_cast<const uint2*>(v),
                          *reinterpret_cast<const uint2*>(v + kPitch),
                          *reinterpret_cast<const uint2*>(v + 8 * kPitch),
                          *reinterpret_cast<const uint2*>(v + 9 * kPitch));
@@ -294,11 +285,11 @@ __global__ void __maxnreg__(fp8gather::kMaxRegs)
         o[h][n][2 * hr] = o[h][n][2 * hr] * a0 + (hr == 0 ? x.x : x.z) * a1;
         o[h][n][2 * hr + 1] = o[h][n][2 * hr + 1] * a0 + (hr == 0 ? x.y : x.w) * a1;
       }
-    const float l = fp8tma::row_total(sums, r) * a0 + fp8tma::row_total(sums + kRows * 4, r) * a1;
-    const decode::RowEnd end = decode::finish_row(mx, l, p.out_scale);
+    const float l = ops::row_total(sums, r) * a0 + ops::row_total(sums + kRows * 4, r) * a1;
+    const ops::RowEnd end = ops::finish_row(mx, l, p.out_scale);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) fp8frag::write_row(p, t, tile, 2 * wr + h, tq, hr, r, o[h], end);
+    for (int h = 0; h < 2; ++h) ops::write_row(p, t, tile, 2 * wr + h, tq, hr, r, o[h], end);
   }
 }
 
-}  // namespace fp8mla::detail
+}  // namespace fp8mla::detail::fp8_gather

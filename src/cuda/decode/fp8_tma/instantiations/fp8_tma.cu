@@ -1,0 +1,12 @@
+// fp8_tma's kernel and its entry in the launch table.
+#include "src/cuda/decode/fp8_tma/kernel.cuh"
+#include "src/cuda/decode/launch_table.h"
+
+namespace fp8mla::detail::fp8_tma {
+
+KernelEntry entry(KvFormat format, int row_tiles, int /*device_id*/) {
+  if (format != KvFormat::fp8_e4m3 || !(row_tiles == 1)) no_kernel(KernelFamily::fp8_tma, format, row_tiles);
+  return {&fp8_tma_kernel, kSmemBytes, kThreads, 0, true};
+}
+
+}  // namespace fp8mla::detail::fp8_tma

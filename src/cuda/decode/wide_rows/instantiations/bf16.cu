@@ -1,0 +1,11 @@
+// wide_rows for bf16 caches.
+#include "src/cuda/decode/wide_rows/kernel.cuh"
+#include "src/cuda/decode/launch_table.h"
+
+namespace fp8mla::detail::wide_rows {
+
+KernelEntry bf16() {
+  return {&wide_rows_kernel<true>, Layout<true>::kSmemBytes, kThreads, kLaunchRegs};
+}
+
+}  // namespace fp8mla::detail::wide_rows

@@ -1,0 +1,11 @@
+// wide_rows for fp8_e4m3 caches.
+#include "src/cuda/decode/wide_rows/kernel.cuh"
+#include "src/cuda/decode/launch_table.h"
+
+namespace fp8mla::detail::wide_rows {
+
+KernelEntry fp8_e4m3() {
+  return {&wide_rows_kernel<false>, Layout<false>::kSmemBytes, kThreads, kLaunchRegs};
+}
+
+}  // namespace fp8mla::detail::wide_rows

@@ -1,0 +1,231 @@
+// Q into shared memory or registers, in the forms the families multiply: 16-byte chunks of a
+// row (load_q_chunks); a row's hi and lo e4m3 terms as an fp8 wgmma B operand (store_q_terms);
+// nine 128-byte-swizzled panels of 64 rows, fp16 scaled per row or bf16 (load_q_panels).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "src/cuda/decode_params.h"
+#include "src/cuda/ops/convert.cuh"
+#include "src/cuda/ops/mma.cuh"
+#include "src/cuda/ops/sync.cuh"
+#include "src/cuda/ops/tile.cuh"
+
+namespace fp8mla::detail::ops {
+
+// Tile row q_r's q as 72 chunks of 8 bf16 dims (nope 0..63, rope 64..71), read by 16 threads a
+// row: thread q_part holds chunks q_part + 16 i (zeros past 72 and past the tile's rows).
+__device__ __forceinline__ void load_q_chunks(const DecodeParams& p, const WorkTile& t, int q_first,
+                                              int rows, int q_r, int q_part, uint4 (&q_v)[5]) {
+  const std::int64_t tok = q_first + q_r / t.head_count, h = t.head_begin + q_r % t.head_count;
+  const __nv_bfloat16* nope = p.q_nope + tok * p.q_nope_stride[0] + h * p.q_nope_stride[1];
+  const __nv_bfloat16* pe = p.q_pe + tok * p.q_pe_stride[0] + h * p.q_pe_stride[1];
+#pragma unroll
+  for (int i = 0; i < 5; ++i) {
+    const int c = q_part + 16 * i;
+    q_v[i] = make_uint4(0, 0, 0, 0);
+    if (c < 72 && q_r < rows)
+      q_v[i] = *reinterpret_cast<const uint4*>(c < 64 ? nope + 8 * c : pe + 8 * (c - 64));
+  }
+}
+
+// ---- fp8 Q terms: the <= 16-row fp8 tensor-core families' B operand ----
+inline constexpr int kQTermRows = 2 * rows16::kRows;  // wgmma N: the hi and lo terms of each q row
+inline constexpr int kQSlab = kQTermRows * 128;
+inline constexpr int kQBytes = 4 * kQSlab + kQTermRows * 64;
+
+// 8 bf16 values times `scale` times `scale2` -> their hi and lo e4m3 codes (8 bytes each,
+// lowest dim first).
+__device__ __forceinline__ void split_e4m3(uint4 v, float scale, float scale2, uint2& hi,
+                                           uint2& lo) {
+  const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  std::uint32_t h[2] = {0, 0}, l[2] = {0, 0};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 f = bf16x2_to_float2(w[k]);
+    const float2 x = make_float2(f.x * scale * scale2, f.y * scale * scale2);
+    const __nv_fp8x2_storage_t hc = __nv_cvt_float2_to_fp8x2(x, __NV_SATFINITE, __NV_E4M3);
+    const float2 back = fp8x2_to_float2(hc);
+    const __nv_fp8x2_storage_t lc = __nv_cvt_float2_to_fp8x2(
+        make_float2((x.x - back.x) * 16.0f, (x.y - back.y) * 16.0f), __NV_SATFINITE, __NV_E4M3);
+    h[k / 2] |= static_cast<std::uint32_t>(hc) << (16 * (k % 2));
+    l[k / 2] |= static_cast<std::uint32_t>(lc) << (16 * (k % 2));
+  }
+  hi = make_uint2(h[0], h[1]);
+  lo = make_uint2(l[0], l[1]);
+}
+
+// Row scales for the e4m3 terms. The rope's products are scaled by scale_pe and the nope's by
+// scale_nope, so q_pe carries r = scale_pe / scale_nope (a power of two: q_pe * r is exact, and
+// pe_a, pe_b are powers of two) and the row takes one exponent e, with
+// max(|q_nope|, |q_pe| r) * 2^e in [2^7, 2^8) (e4m3 holds up to 448); 2^-e is undone on the
+// scores. Exponents are added as integers, so no product overflows: q_nope * nope and
+// (q_pe * pe_a) * pe_b are the scaled values. Rows of zeros keep e = 0.
+struct RowScales {
+  float nope, pe_a, pe_b;
+  int e;
+};
+__device__ __forceinline__ RowScales e4m3_row_scales(float amax_nope, float amax_pe,
+                                                     float scale_nope, float scale_pe) {
+  int en = 0, ep = 0, ek = 0, es = 0, eq = 0;
+  frexpf(amax_nope, &en);  // amax in [2^(en-1), 2^en)
+  const float mp = frexpf(amax_pe, &ep);
+  const float r = frexpf(scale_pe, &es) / frexpf(scale_nope, &ek);  // in (1/2, 2)
+  frexpf(mp * r, &eq);
+  const int e_pe = ep + eq + es - ek;  // |q_pe| r in [2^(e_pe-1), 2^e_pe)
+  const int top =
+      amax_nope > 0.0f ? (amax_pe > 0.0f ? max(en, e_pe) : en) : (amax_pe > 0.0f ? e_pe : 8);
+  const int e = min(max(8 - top, -125), 125);
+  const int a = min(max(-ep, -126), 126);  // q_pe * 2^a ~ 1, then * r 2^(e - a + es - ek)
+  return {__int_as_float((127 + e) << 23), __int_as_float((127 + a) << 23),
+          ldexpf(r, e - a + es - ek), e};
+}
+
+// Byte offset of q column n (0..31), 8-dim chunk c (0..71) in a Q operand at byte kQAt.
+template <int kQAt>
+__device__ __forceinline__ int q_offset(int n, int c) {
+  return c < 64 ? kQAt + c / 16 * kQSlab + n / 8 * 1024 + sw128(n % 8, c % 16 * 8)
+                : kQAt + 4 * kQSlab + n / 8 * 512 + sw64(n % 8, (c - 64) * 8);
+}
+
+// Q row q_r (q_v: its 16-byte chunks q_part + 16 i, load_q_chunks, 16 threads a row)
+// as the B operand at byte kQAt of smem: the row's exponent (e4m3_row_scales) from the |q|
+// maxima of its 16 threads, its hi and lo e4m3 terms (split_e4m3; a row holding inf or NaN gets
+// NaN codes, so its outputs are NaN, never a finite guess), and scale[q_r] = scale_nope * 2^-e
+// for the scores.
+template <int kQAt>
+__device__ __forceinline__ void store_q_terms(const DecodeParams& p, const uint4 (&q_v)[5], int q_r,
+                                              int q_part, std::uint8_t* smem, float* scale) {
+  std::uint32_t mn = 0, mp = 0;  // |q| maxima as float bits (NaN above inf)
+#pragma unroll
+  for (int i = 0; i < 5; ++i) {
+    const int c = q_part + 16 * i;
+    if (c < 64) mn = max(mn, abs_max_bits(q_v[i]));
+    if (c >= 64 && c < 72) mp = max(mp, abs_max_bits(q_v[i]));
+  }
+#pragma unroll
+  for (int x = 8; x >= 1; x /= 2) {
+    mn = max(mn, __shfl_xor_sync(0xffffffffu, mn, x));
+    mp = max(mp, __shfl_xor_sync(0xffffffffu, mp, x));
+  }
+  const bool bad = mn >= 0x7f800000u || mp >= 0x7f800000u;
+  const RowScales rs = e4m3_row_scales(bad ? 0.0f : __uint_as_float(mn),
+                                       bad ? 0.0f : __uint_as_float(mp), p.scale_nope, p.scale_pe);
+#pragma unroll
+  for (int i = 0; i < 5; ++i) {
+    const int c = q_part + 16 * i;
+    if (c >= 72) continue;
+    uint2 hi, lo;
+    split_e4m3(q_v[i], c < 64 ? rs.nope : rs.pe_a, c < 64 ? 1.0f : rs.pe_b, hi, lo);
+    if (bad) hi = make_uint2(0x7f7f7f7fu, 0x7f7f7f7fu);
+    *reinterpret_cast<uint2*>(smem + q_offset<kQAt>(q_r, c)) = hi;
+    *reinterpret_cast<uint2*>(smem + q_offset<kQAt>(q_r + rows16::kRows, c)) = lo;
+  }
+  if (q_part == 0) scale[q_r] = p.scale_nope * __int_as_float((127 - rs.e) << 23);
+  fence_proxy_async();  // the generic stores above, read by wgmma (async proxy)
+}
+
+// ---- Q panels: the 17-64-row families' A operand ----
+// Q rows into the nine swizzled panels at L::kQ (zero rows past the tile). fp8 caches: fp16,
+// each row scaled by 2^e (q_row_exponent over its nope values and its ratio-scaled rope
+// values), L::kQInv = 2^-e; bf16 caches (L::kBf16): bf16 as given, kQInv = 1. L::kQAmax: 64
+// words of scratch; L::kQGroup: chunks a thread loads at once. Run by the two consumer warpgroups
+// (threads 0-255) alone: their barriers are named barrier 1 (rows64::kConsumerBarrier), and it ends with
+// one.
+template <class L>
+__device__ __forceinline__ void load_q_panels(const DecodeParams& p, const WorkTile& t,
+                                              int q_first, float ratio, std::uint8_t* smem) {
+  const int rows = t.q_count * t.head_count;
+  auto q_chunk = [&](int r, int c) {  // 8 bf16 values of row r, chunk c of 72
+    if (r >= rows) return make_uint4(0, 0, 0, 0);
+    const std::int64_t tok = q_first + r / t.head_count, h = t.head_begin + r % t.head_count;
+    const __nv_bfloat16* src =
+        c < 64 ? p.q_nope + tok * p.q_nope_stride[0] + h * p.q_nope_stride[1] + 8 * c
+               : p.q_pe + tok * p.q_pe_stride[0] + h * p.q_pe_stride[1] + 8 * (c - 64);
+    return *reinterpret_cast<const uint4*>(src);
+  };
+  std::uint32_t* amax = reinterpret_cast<std::uint32_t*>(smem + L::kQAmax);
+  float* inv = reinterpret_cast<float*>(smem + L::kQInv);
+  auto chunk_at = [&](int r, int c) {
+    return reinterpret_cast<uint4*>(smem + L::kQ + (c / 8) * rows64::kQPanel + sw128(r, 16 * (c % 8)));
+  };
+  // A thread's 18 chunks in groups of L::kQGroup, each group's loads issued before its stores: a
+  // store between two loads (generic pointers, which may alias for all the compiler knows) kept
+  // every load behind the previous store, one memory round trip a chunk (bench/NOTES.md v54).
+  // The warp-specialized kernel loads 6 at a time: all 18 in flight delay its producer's first
+  // block (fp8: all 18 up to 5% slower than one at a time, 6 up to 17% faster; v58-v61).
+  constexpr int kPer = rows64::kRows * 72 / rows64::kThreads;
+  constexpr int kGroup = L::kQGroup;
+  static_assert(kPer * rows64::kThreads == rows64::kRows * 72 && kPer % kGroup == 0, "whole chunks a thread");
+  if constexpr (!L::kBf16) {
+    if (threadIdx.x < rows64::kRows) amax[threadIdx.x] = 0;
+    named_barrier_sync(rows64::kConsumerBarrier, rows64::kThreads);
+  }
+#pragma unroll 1
+  for (int k0 = 0; k0 < kPer; k0 += kGroup) {
+    uint4 v[kGroup];
+#pragma unroll
+    for (int k = 0; k < kGroup; ++k) {
+      const int i = static_cast<int>(threadIdx.x) + (k0 + k) * rows64::kThreads;
+      v[k] = q_chunk(i / 72, i % 72);
+    }
+#pragma unroll
+    for (int k = 0; k < kGroup; ++k) {
+      const int i = static_cast<int>(threadIdx.x) + (k0 + k) * rows64::kThreads, r = i / 72, c = i % 72;
+      if constexpr (L::kBf16) {
+        if (c == 0) inv[r] = 1.0f;
+      } else if (r < rows) {
+        float m = __uint_as_float(abs_max_bits(v[k]));
+        if (c >= 64) m *= ratio;
+        atomicMax(&amax[r], __float_as_uint(m));  // non-negative floats order as their bits
+      }
+      *chunk_at(r, c) = v[k];  // fp8: bf16 as given, scaled in place below
+    }
+  }
+  if constexpr (!L::kBf16) {
+    named_barrier_sync(rows64::kConsumerBarrier, rows64::kThreads);  // every row's max
+#pragma unroll 6
+    for (int k = 0; k < kPer; ++k) {  // the chunks this thread stored itself
+      const int i = static_cast<int>(threadIdx.x) + k * rows64::kThreads, r = i / 72, c = i % 72;
+      const int e = q_row_exponent(__uint_as_float(amax[r]));
+      const float scale = c < 64 ? ldexpf(1.0f, e) : ldexpf(ratio, e);
+      if (c == 0) inv[r] = ldexpf(1.0f, -e);
+      const uint4 v = *chunk_at(r, c);
+      *chunk_at(r, c) =
+          make_uint4(scale_to_half2(v.x, scale), scale_to_half2(v.y, scale),
+                     scale_to_half2(v.z, scale), scale_to_half2(v.w, scale));
+    }
+  }
+  fence_proxy_async();
+  named_barrier_sync(rows64::kConsumerBarrier, rows64::kThreads);
+}
+
+// The address lane `lane` of warp `warp` gives ldmatrix / stmatrix for k-step kk of a 64 x 64
+// 16-bit panel (128-byte swizzle): row 16 warp + 8 (lane / 8 % 2) + lane % 8, columns 16 kk +
+// 8 (lane / 16), so the four 8x8 matrices are the wgmma A fragment a[0..3] (rows + 8 (j % 2),
+// columns + 8 (j / 2)) of the warp's 16 rows.
+__device__ __forceinline__ std::uint8_t* frag_addr(std::uint8_t* panel, int warp, int lane,
+                                                   int kk) {
+  const int row = 16 * warp + 8 * (lane / 8 % 2) + lane % 8, col = 16 * kk + 8 * (lane / 16);
+  return panel + sw128(row, 2 * col);
+}
+
+// This thread's rows 16 warp + g (+ 8): their causal limits and score scales (scale_nope times
+// the row's 1 / q scale, qinv). Rows past the tile (zero q, never written) take no bound, so they
+// do not force the masked path.
+__device__ __forceinline__ void row_bounds(const DecodeParams& p, const DeviceTile& tile, int warp,
+                                           int g, const float* qinv, int (&limit)[2],
+                                           float (&sc)[2]) {
+  const int rows = tile.tile.q_count * tile.tile.head_count;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = 16 * warp + g + 8 * h;
+    limit[h] = r < rows ? row_limit(p, tile.tile, r, tile.kv_len, tile.qo_len) : INT32_MAX;
+    sc[h] = p.scale_nope * qinv[r];
+  }
+}
+
+}  // namespace fp8mla::detail::ops
