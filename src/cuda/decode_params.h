@@ -1,5 +1,5 @@
 // Internal: what the decode and merge kernels read. Host launchers (decode.cu) fill it from a
-// PlanState, its device buffers and the RunArgs; kernels (decode_kernel.cuh) never see host types.
+// PlanState, its device buffers and the RunArgs; kernels (src/cuda/decode/<family>/kernel.cuh) never see host types.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -12,8 +12,8 @@ namespace fp8mla::detail {
 
 // A WorkTile with the request values its kernel needs, resolved when the plan is uploaded
 // (cuda_upload_plan): a CTA loads them with its tile at once instead of through t.request (the
-// chain tile -> qo_indptr / kv_indptr -> page table -> cache was four dependent loads before
-// the first copy; bench/NOTES.md v12).
+// chain tile -> qo_indptr / kv_indptr -> page table -> cache would be four dependent loads
+// before the first copy).
 struct DeviceTile {
   WorkTile tile;
   std::int32_t q_first;       // qo_indptr[request] + q_begin: global index of its first query token
@@ -62,7 +62,7 @@ struct DecodeParams {
   std::int64_t lse_stride[2];
   float* partial_o;    // [partial_rows, 512]
   float* partial_lse;  // [partial_rows]
-  // The TMA kernels only (decode_fp8_tma_kernel.cuh, decode_bf16_tma_kernel.cuh): ckv as
+  // The tensor-map families only (fp8_tma, bf16_tma, bf16_wide_rows): ckv as
   // [num_pages, page_size, 512 x element bytes] (boxes of 128 x min(page_size, 64) x 1, 128-byte
   // swizzle) and kpe as [num_pages, page_size, 64 x element bytes] (fp8: boxes of 64, 64-byte
   // swizzle; bf16: 128, 128-byte swizzle).

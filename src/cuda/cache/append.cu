@@ -98,7 +98,8 @@ void cuda_append(const CacheConfig& config, void* storage, const TensorView& slo
   const std::int64_t n = slots.shape[0];
   if (n == 0) return;
   FP8MLA_CUDA_CHECK(cudaSetDevice(config.device_id));
-  const auto blocks = static_cast<unsigned>((n + cache::kWarpsPerBlock - 1) / cache::kWarpsPerBlock);
+  const auto blocks =
+      static_cast<unsigned>((n + cache::kWarpsPerBlock - 1) / cache::kWarpsPerBlock);
   const std::int64_t pool = config.num_pages * config.page_size;
   auto* dst = static_cast<std::uint8_t*>(storage);
   auto* s = static_cast<const std::int32_t*>(slots.data);

@@ -1,8 +1,7 @@
 // The CUDA launch table (launch_table.h).
-#include "src/cuda/decode/launch_table.h"
-
 #include "fp8mla/error.h"
 #include "src/core/check.h"
+#include "src/cuda/decode/launch_table.h"
 
 namespace fp8mla::detail {
 

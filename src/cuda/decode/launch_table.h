@@ -25,14 +25,30 @@ KernelEntry kernel_entry(KernelFamily family, KvFormat format, int row_tiles, in
 // Error(internal): `family` has no kernel for this format and row count.
 [[noreturn]] void no_kernel(KernelFamily family, KvFormat format, int row_tiles);
 
-namespace shared_tile { KernelEntry entry(KvFormat format, int row_tiles, int device_id); }
-namespace fp8_exact { KernelEntry entry(KvFormat format, int row_tiles, int device_id); }
-namespace fp8_tma { KernelEntry entry(KvFormat format, int row_tiles, int device_id); }
-namespace fp8_gather { KernelEntry entry(KvFormat format, int row_tiles, int device_id); }
-namespace bf16_tma { KernelEntry entry(KvFormat format, int row_tiles, int device_id); }
-namespace bf16_gather { KernelEntry entry(KvFormat format, int row_tiles, int device_id); }
-namespace wide_rows { KernelEntry entry(KvFormat format, int row_tiles, int device_id); }
-namespace bf16_wide_rows { KernelEntry entry(KvFormat format, int row_tiles, int device_id); }
+namespace shared_tile {
+KernelEntry entry(KvFormat format, int row_tiles, int device_id);
+}
+namespace fp8_exact {
+KernelEntry entry(KvFormat format, int row_tiles, int device_id);
+}
+namespace fp8_tma {
+KernelEntry entry(KvFormat format, int row_tiles, int device_id);
+}
+namespace fp8_gather {
+KernelEntry entry(KvFormat format, int row_tiles, int device_id);
+}
+namespace bf16_tma {
+KernelEntry entry(KvFormat format, int row_tiles, int device_id);
+}
+namespace bf16_gather {
+KernelEntry entry(KvFormat format, int row_tiles, int device_id);
+}
+namespace wide_rows {
+KernelEntry entry(KvFormat format, int row_tiles, int device_id);
+}
+namespace bf16_wide_rows {
+KernelEntry entry(KvFormat format, int row_tiles, int device_id);
+}
 namespace portable {
 KernelEntry entry(KvFormat format, int row_tiles, int device_id);
 KernelEntry fp8_entry(KvFormat format, int row_tiles, int device_id);  // portable_fp8

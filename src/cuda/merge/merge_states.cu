@@ -15,7 +15,6 @@ namespace merge {
 
 constexpr int kMergeWarps = 8;
 
-
 template <class In, class Out>
 __global__ void merge_states_kernel(const In* v, std::int64_t v_r, std::int64_t v_s, const float* s,
                                     std::int64_t s_r, std::int64_t s_s, Out* vo, std::int64_t vo_r,
@@ -55,7 +54,8 @@ void cuda_merge_states(const TensorView& v, const TensorView& s, const TensorVie
   float* so = s_out.defined() ? static_cast<float*>(s_out.data) : nullptr;
   const std::int64_t so_r = s_out.defined() ? s_out.stride[0] : 0;
   const auto launch = [&](auto* in, auto* out) {
-    merge::merge_states_kernel<<<blocks, 32 * merge::kMergeWarps, 0, static_cast<cudaStream_t>(stream)>>>(
+    merge::merge_states_kernel<<<blocks, 32 * merge::kMergeWarps, 0,
+                                 static_cast<cudaStream_t>(stream)>>>(
         in, v.stride[0], v.stride[1], static_cast<const float*>(s.data), s.stride[0], s.stride[1],
         out, v_out.stride[0], so, so_r, rows, states, dim);
     FP8MLA_CUDA_CHECK_LAUNCH("merge_states_kernel");

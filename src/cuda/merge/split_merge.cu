@@ -1,8 +1,7 @@
 // run()'s split-KV merge launch (src/cuda/merge/split_merge.h).
-#include "src/cuda/merge/split_merge.h"
-
 #include "src/cuda/cuda_check.h"
 #include "src/cuda/merge/split_merge.cuh"
+#include "src/cuda/merge/split_merge.h"
 
 namespace fp8mla::detail {
 

@@ -7,22 +7,21 @@
 #include <cmath>
 #include <cstdint>
 
-#include "src/cuda/ops/sync.cuh"
 #include "src/cuda/decode_params.h"
 #include "src/cuda/merge/nan_max.cuh"
+#include "src/cuda/ops/sync.cuh"
 
 namespace fp8mla::detail::merge {
 
 constexpr int kMergeThreads = 256;
 
-
 // Combines the split partials of one output row and kCols of its columns per block. Threads
 // spread over splits as well as columns, so a long request's many splits are read with many
-// loads in flight (one warp per row looping over 256 splits was latency bound: ~100 us). Few
+// loads in flight (one warp per row looping over hundreds of splits is latency bound). Few
 // splits take whole rows per block (kCols = 512): 16 blocks per row cost more than they save.
 // kAhead > 0: a row of at most kAhead splits a thread group loads every lse and partial o at
 // once, before the row max, so the merge waits for one L2 round trip after the decode grid
-// instead of two (bs-1 latency, bench/NOTES.md v52); the same sums in the same order. It holds
+// instead of two (a batch of one request feels it); the same sums in the same order. It holds
 // 5 kAhead registers more (40 against 32), so the launcher takes it only for merges of one wave.
 template <int kCols, int kAhead>
 __global__ void __launch_bounds__(kMergeThreads) split_merge_kernel(const MergeParams p) {

@@ -150,7 +150,8 @@ __device__ __forceinline__ TokenAddr slot_addr(const DecodeParams& p, std::int64
 // of ~7 instructions a copy), so 8 issuers a warp keep that loop short and spread over the CTA.
 // (Broadcasting each address to the whole warp, one elected issuer, is slower: its shuffles queue
 // on the MIO path the fragment reads need.)
-static_assert(rows16::kBlockN == 8 * rows16::kWarps, "one bulk-copied token per lane 0..7 of each warp");
+static_assert(rows16::kBlockN == 8 * rows16::kWarps,
+              "one bulk-copied token per lane 0..7 of each warp");
 __device__ __forceinline__ bool bulk_copier() {
   return threadIdx.x % 32 < 8;
 }

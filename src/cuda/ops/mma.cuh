@@ -206,7 +206,7 @@ __device__ __forceinline__ void wgmma_64x64x16_ss(float (&d)[32], std::uint64_t 
 // registers: the mma.sync m16n8k16 A fragment of each warp's 16 rows, warp w rows 16 w .. 16 w +
 // 15) * B (16 x 256, shared memory, N-major: four 64-column swizzled panels, the descriptor's
 // leading byte offset apart); inputs bf16 (kBf16) or fp16. One instruction where four m64n64k16
-// would issue (bench/NOTES.md v45).
+// would issue.
 template <bool kBf16>
 __device__ __forceinline__ void wgmma_64x256x16_rs(float (&d)[4][32], const std::uint32_t (&a)[4],
                                                    std::uint64_t b) {
@@ -288,20 +288,20 @@ __device__ __forceinline__ void wgmma_64x32x32_e4m3_rs(float (&d)[16], const std
 
 namespace ops {
 
-// O += P V for 16 tokens: `a` the P fragment (ldmatrix), v0 / v1 / v8 / v9 the thread's 8 codes
+// O += P V for 16 tokens: `a` the P fragment (ldmatrix), x0 / x1 / x8 / x9 the thread's 8 codes
 // of tokens tk, tk + 1, tk + 8, tk + 9 (tk = 16 kk + 2 tq; its 8 columns, one per n-tile).
 // Byte permutes pair token tk's and tk + 1's codes of a column: [x0 y0 x1 y1], [x2 y2 x3 y3].
-__device__ __forceinline__ void pv_step(float (&o)[8][4], const std::uint32_t (&a)[4], uint2 v0,
-                                        uint2 v1, uint2 v8, uint2 v9) {
+__device__ __forceinline__ void pv_step(float (&o)[8][4], const std::uint32_t (&a)[4], uint2 x0,
+                                        uint2 x1, uint2 x8, uint2 x9) {
   std::uint32_t b0[8], b1[8];
-  fp8x4_to_half2x2(__byte_perm(v0.x, v1.x, 0x5140), b0[0], b0[1]);
-  fp8x4_to_half2x2(__byte_perm(v0.x, v1.x, 0x7362), b0[2], b0[3]);
-  fp8x4_to_half2x2(__byte_perm(v0.y, v1.y, 0x5140), b0[4], b0[5]);
-  fp8x4_to_half2x2(__byte_perm(v0.y, v1.y, 0x7362), b0[6], b0[7]);
-  fp8x4_to_half2x2(__byte_perm(v8.x, v9.x, 0x5140), b1[0], b1[1]);
-  fp8x4_to_half2x2(__byte_perm(v8.x, v9.x, 0x7362), b1[2], b1[3]);
-  fp8x4_to_half2x2(__byte_perm(v8.y, v9.y, 0x5140), b1[4], b1[5]);
-  fp8x4_to_half2x2(__byte_perm(v8.y, v9.y, 0x7362), b1[6], b1[7]);
+  fp8x4_to_half2x2(__byte_perm(x0.x, x1.x, 0x5140), b0[0], b0[1]);
+  fp8x4_to_half2x2(__byte_perm(x0.x, x1.x, 0x7362), b0[2], b0[3]);
+  fp8x4_to_half2x2(__byte_perm(x0.y, x1.y, 0x5140), b0[4], b0[5]);
+  fp8x4_to_half2x2(__byte_perm(x0.y, x1.y, 0x7362), b0[6], b0[7]);
+  fp8x4_to_half2x2(__byte_perm(x8.x, x9.x, 0x5140), b1[0], b1[1]);
+  fp8x4_to_half2x2(__byte_perm(x8.x, x9.x, 0x7362), b1[2], b1[3]);
+  fp8x4_to_half2x2(__byte_perm(x8.y, x9.y, 0x5140), b1[4], b1[5]);
+  fp8x4_to_half2x2(__byte_perm(x8.y, x9.y, 0x7362), b1[6], b1[7]);
 #pragma unroll
   for (int n = 0; n < 8; ++n) mma_16816<false>(o[n], a, b0[n], b1[n]);
 }

@@ -133,11 +133,11 @@ __device__ __forceinline__ void store_q_terms(const DecodeParams& p, const uint4
 // each row scaled by 2^e (q_row_exponent over its nope values and its ratio-scaled rope
 // values), L::kQInv = 2^-e; bf16 caches (L::kBf16): bf16 as given, kQInv = 1. L::kQAmax: 64
 // words of scratch; L::kQGroup: chunks a thread loads at once. Run by the two consumer warpgroups
-// (threads 0-255) alone: their barriers are named barrier 1 (rows64::kConsumerBarrier), and it ends with
-// one.
+// (threads 0-255) alone: their barriers are named barrier 1 (rows64::kConsumerBarrier), and it ends
+// with one.
 template <class L>
-__device__ __forceinline__ void load_q_panels(const DecodeParams& p, const WorkTile& t,
-                                              int q_first, float ratio, std::uint8_t* smem) {
+__device__ __forceinline__ void load_q_panels(const DecodeParams& p, const WorkTile& t, int q_first,
+                                              float ratio, std::uint8_t* smem) {
   const int rows = t.q_count * t.head_count;
   auto q_chunk = [&](int r, int c) {  // 8 bf16 values of row r, chunk c of 72
     if (r >= rows) return make_uint4(0, 0, 0, 0);
@@ -150,16 +150,17 @@ __device__ __forceinline__ void load_q_panels(const DecodeParams& p, const WorkT
   std::uint32_t* amax = reinterpret_cast<std::uint32_t*>(smem + L::kQAmax);
   float* inv = reinterpret_cast<float*>(smem + L::kQInv);
   auto chunk_at = [&](int r, int c) {
-    return reinterpret_cast<uint4*>(smem + L::kQ + (c / 8) * rows64::kQPanel + sw128(r, 16 * (c % 8)));
+    return reinterpret_cast<uint4*>(smem + L::kQ + (c / 8) * rows64::kQPanel +
+                                    sw128(r, 16 * (c % 8)));
   };
   // A thread's 18 chunks in groups of L::kQGroup, each group's loads issued before its stores: a
   // store between two loads (generic pointers, which may alias for all the compiler knows) kept
-  // every load behind the previous store, one memory round trip a chunk (bench/NOTES.md v54).
-  // The warp-specialized kernel loads 6 at a time: all 18 in flight delay its producer's first
-  // block (fp8: all 18 up to 5% slower than one at a time, 6 up to 17% faster; v58-v61).
+  // every load behind the previous store, one memory round trip a chunk. wide_rows loads 6 at a
+  // time: all 18 in flight delay its producer's first block.
   constexpr int kPer = rows64::kRows * 72 / rows64::kThreads;
   constexpr int kGroup = L::kQGroup;
-  static_assert(kPer * rows64::kThreads == rows64::kRows * 72 && kPer % kGroup == 0, "whole chunks a thread");
+  static_assert(kPer * rows64::kThreads == rows64::kRows * 72 && kPer % kGroup == 0,
+                "whole chunks a thread");
   if constexpr (!L::kBf16) {
     if (threadIdx.x < rows64::kRows) amax[threadIdx.x] = 0;
     named_barrier_sync(rows64::kConsumerBarrier, rows64::kThreads);
@@ -174,7 +175,8 @@ __device__ __forceinline__ void load_q_panels(const DecodeParams& p, const WorkT
     }
 #pragma unroll
     for (int k = 0; k < kGroup; ++k) {
-      const int i = static_cast<int>(threadIdx.x) + (k0 + k) * rows64::kThreads, r = i / 72, c = i % 72;
+      const int i = static_cast<int>(threadIdx.x) + (k0 + k) * rows64::kThreads, r = i / 72,
+                c = i % 72;
       if constexpr (L::kBf16) {
         if (c == 0) inv[r] = 1.0f;
       } else if (r < rows) {
@@ -194,9 +196,8 @@ __device__ __forceinline__ void load_q_panels(const DecodeParams& p, const WorkT
       const float scale = c < 64 ? ldexpf(1.0f, e) : ldexpf(ratio, e);
       if (c == 0) inv[r] = ldexpf(1.0f, -e);
       const uint4 v = *chunk_at(r, c);
-      *chunk_at(r, c) =
-          make_uint4(scale_to_half2(v.x, scale), scale_to_half2(v.y, scale),
-                     scale_to_half2(v.z, scale), scale_to_half2(v.w, scale));
+      *chunk_at(r, c) = make_uint4(scale_to_half2(v.x, scale), scale_to_half2(v.y, scale),
+                                   scale_to_half2(v.z, scale), scale_to_half2(v.w, scale));
     }
   }
   fence_proxy_async();

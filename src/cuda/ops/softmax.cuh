@@ -70,8 +70,8 @@ __device__ __forceinline__ void exchange_rows(const float (&rows0)[4], const flo
   full[3] = mine[3] + recv.w;
 }
 
-// A thread's online-softmax state in the <= 16-row TMA kernels: the running maxima of its P rows
-// pr, pr + 1 and of its O rows g, g + 8 (the same values: each side computes them alike, so no
+// A thread's online-softmax state in fp8_tma, bf16_tma and bf16_gather: the running maxima of its P
+// rows pr, pr + 1 and of its O rows g, g + 8 (the same values: each side computes them alike, so no
 // exchange), the P rows' running sums over its tokens only (summed over the warpgroup at the end,
 // reduce_row_sums), and its O fragments (write_row's mapping).
 struct RowState {
@@ -179,7 +179,7 @@ __device__ __forceinline__ float row_total(const float* red_sum, int r) {
 // about half of them.
 inline constexpr float kMaxSlack = 8.0f;
 
-// ---- softmax and output pieces shared by the wgmma kernels. Fragments: an m64nNk16
+// ---- softmax pieces of wide_rows and bf16_wide_rows. Fragments: an m64nNk16
 // accumulator's s[r] is row 16 warp + g + 8 ((r / 2) % 2), column 8 (r / 4) + 2 tq + r % 2 ----
 
 // A row's base moves to a block's max m only when m exceeds it by more than kMaxSlack; p is

@@ -89,8 +89,8 @@ struct PageRunCopier {
 
 // The top of block blk's iteration for a PageRunCopier (two stages at `stages`, kStageBytes apart,
 // their full and released mbarriers): block blk + 1 goes into block blk - 1's stage once every
-// warp has released it (a stage mbarrier, not a CTA barrier: the other warps run on;
-// bench/NOTES.md v19), block blk + 2's entries are loaded, then every thread waits for block blk
+// warp has released it (a stage mbarrier, not a CTA barrier: the other warps run on),
+// block blk + 2's entries are loaded, then every thread waits for block blk
 // to land.
 template <int kStageBytes, class Copier>
 __device__ __forceinline__ void next_block(const Copier& runs, const DecodeParams& p, int blk,
@@ -107,19 +107,18 @@ __device__ __forceinline__ void next_block(const Copier& runs, const DecodeParam
   mbar_wait(full + 8 * (blk % 2), (blk / 2) % 2);  // block blk landed
 }
 
-// The gather kernels' copies (pages of < 8 tokens, where a one-token box into the swizzled
-// layout faults, bench/NOTES.md v50, and bf16's long tiles at any page size, v67b): four producer
+// The gather families' copies (pages of < 8 tokens, where a one-token box into the swizzled
+// layout faults, and bf16's long tiles at any page size): four producer
 // warps beside the kThreads math threads, lanes 0-15 of producer warp w copying tokens 16 w + lane
 // of each block, one bulk copy a token (bulk_copy_token: kCkv + kKpe bytes) into a
 // kPitch-byte row of a kStageBytes stage; a token past the tile's end is zero-filled, so P V reads
 // zeros there (its flag byte lands in the row's padding, unread: dense page tables only, whose mask
 // is kv_end). ptxas issues a bulk copy once per active lane through the uniform datapath: issued by
-// the math warps (v65, v66) that loop sat on their chain, one producer warp issued too slowly for
-// the copies (1.25x), two or four keep the copies at their rate alone (v67). A stage completes on
-// its full mbarrier (kBlockN arrivals, one a token) and is released by the kReleasers math threads
-// that read it (each thread arrives: with lane 0 arriving for its warp after a __syncwarp,
-// racecheck reports the copies against the other lanes' reads,
-// bench/results/h200_v66_bf16_gather_ab.txt).
+// the math warps, that loop sits on their chain, and one producer warp issues too slowly for the
+// copies; two or four keep the copies at their rate alone. A stage completes on its full mbarrier
+// (kBlockN arrivals, one a token) and is released by the kReleasers math threads that read it
+// (each thread arrives: with lane 0 arriving for its warp after a __syncwarp, racecheck reports
+// the copies against the other lanes' reads).
 inline constexpr int kProducerWarps = 4;
 inline constexpr int kProducerLanes = kBlockN / kProducerWarps;
 static_assert(kProducerLanes <= 32, "a token a producer lane");
@@ -148,9 +147,8 @@ struct TokenProducer {
       if (copier) {
         const int stage = blk % kStages;
         std::uint8_t* row = stages + stage * kStageBytes + tok * kPitch;
-        bulk_copy_token<kCkv, kKpe>(
-            p, entry_slot_of<kBlockN>(p, tile.tile, blk, e0, tok), row, row + kCkv + kKpe,
-            full + 8 * stage);
+        bulk_copy_token<kCkv, kKpe>(p, entry_slot_of<kBlockN>(p, tile.tile, blk, e0, tok), row,
+                                    row + kCkv + kKpe, full + 8 * stage);
         e0 = e1;
         e1 = entry(p, tile, blk + 2, tok);
       }

@@ -23,7 +23,7 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 }
 // A barrier of kCount threads on hardware barrier kId that every warp reaches from one
 // instruction (bar.sync, aligned): ptxas then keeps the warps converged across it (barrier.sync
-// cost the bf16 gather kernel 9 registers and a spill, bench/NOTES.md v67).
+// costs bf16_gather 9 registers and a spill).
 template <int kId, int kCount>
 __device__ __forceinline__ void bar_sync_aligned() {
   asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kCount) : "memory");

@@ -37,9 +37,10 @@ using rows16::kRows;
 using rows16::kThreads;
 using rows16::kWarps;
 inline constexpr int kStages = 2;
-using rows16::kSlab;                                  // 64 dims (128 bytes) of a block's tokens
-inline constexpr int kQSlab = kRows * 128;            // 64 dims of the q rows
-inline constexpr int kPitch = (576 + 8) * 2;  // kGather's token rows: 1168 bytes, ldmatrix conflict-free
+using rows16::kSlab;                        // 64 dims (128 bytes) of a block's tokens
+inline constexpr int kQSlab = kRows * 128;  // 64 dims of the q rows
+inline constexpr int kPitch =
+    (576 + 8) * 2;  // kGather's token rows: 1168 bytes, ldmatrix conflict-free
 // Offsets from the 1024-byte-aligned base (swizzle atoms). A stage holds a block's tokens: for
 // the tensor-map copies ckv slabs 0-7 and kpe slab 8, for the per-token copies (kGather) 64 rows
 // of kPitch bytes.
@@ -95,7 +96,7 @@ __device__ __forceinline__ void s_product_rows(float (&d)[8], const std::uint8_t
 }
 
 // kGather's copies: ops::TokenProducer's four producer warps, one bulk copy a token into a
-// kPitch-byte row (v66, v67).
+// kPitch-byte row.
 using ops::kCtaThreads;
 using TokenProducer = ops::TokenProducer<kStages, Layout<true>::kStageBytes, kPitch, 1024, 128>;
 
@@ -167,7 +168,7 @@ __device__ __forceinline__ void decode_tile(const DecodeParams& p) {
   const int limit_p[2] = {ops::row_limit(p, t, pr, kv_len, qo_len),
                           ops::row_limit(p, t, pr + 1, kv_len, qo_len)};
   const float sc[2] = {p.scale_nope, p.scale_nope};  // bf16: one scale for every product
-  ops::RowState st;                               // maxima, P rows' sums, O
+  ops::RowState st;                                  // maxima, P rows' sums, O
 
   std::uint16_t* p_s = reinterpret_cast<std::uint16_t*>(smem + L::kP);
   float* red_max = reinterpret_cast<float*>(smem + L::kRed);
@@ -191,7 +192,7 @@ __device__ __forceinline__ void decode_tile(const DecodeParams& p) {
       mbar_wait(smem + L::kBar + 8 * stage, (blk / kStages) % 2);  // block blk landed
     else
       ops::next_block<L::kStageBytes>(runs, p, blk, n_blocks, next_entry, smem + L::kKv,
-                                         smem + L::kBar, smem + L::kEmpty);
+                                      smem + L::kBar, smem + L::kEmpty);
     std::uint8_t* kv = smem + L::kKv + stage * L::kStageBytes;
 
     // ---- S^T = K Q^T: this warpgroup's 18 k-steps ----
@@ -216,7 +217,7 @@ __device__ __forceinline__ void decode_tile(const DecodeParams& p) {
 
     // ---- scores, masks, block row max, online softmax: P rows pr, pr + 1; O rows g, g + 8 ----
     ops::softmax_block<__nv_bfloat16, kGather>(full, sc, j0, t.kv_end, limit_p, tok0, pr, g, wr,
-                                                  red_max, p_s, st);
+                                               red_max, p_s, st);
 
     // ---- O += P V: the warp's columns 64 warp + [0, 64), n-tile n = columns 8 n .. 8 n + 7 ----
     [[maybe_unused]] const std::uint8_t* v_slab = kv + warp * kSlab;
@@ -250,8 +251,7 @@ __device__ __forceinline__ void decode_tile(const DecodeParams& p) {
   for (int h = 0; h < 2; ++h) {
     const int r = g + 8 * h;
     if (r >= rows) continue;
-    const ops::RowEnd end =
-        ops::finish_row(st.max_o[h], ops::row_total(red_sum, r), p.out_scale);
+    const ops::RowEnd end = ops::finish_row(st.max_o[h], ops::row_total(red_sum, r), p.out_scale);
     const int tr = r / t.head_count;
     const std::int64_t head = t.head_begin + r % t.head_count;
     const std::int64_t token = q_first + tr;

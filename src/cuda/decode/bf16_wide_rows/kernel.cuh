@@ -38,20 +38,21 @@ inline constexpr int kTileBytes = 9 * kPanel;
 inline constexpr int kThreads = rows64::kThreads;  // the two warpgroups, no producer
 
 struct Layout {
-  static constexpr bool kBf16 = true;  // ops::load_q: Q as given
-  static constexpr int kQGroup = 18;   // ops::load_q: all a thread's chunks at once (v54, v61)
+  static constexpr bool kBf16 = true;  // ops::load_q_panels: Q as given
+  static constexpr int kQGroup = 18;   // ops::load_q_panels: all a thread's chunks at once
   static constexpr int kQ = 0;  // nine panels; panel 8 holds warpgroup 1's P once Q's rope is read
-  static constexpr int kTile = kQ + 9 * rows64::kQPanel;       // [2]
-  static constexpr int kP0 = kTile + 2 * kTileBytes;       // warpgroup 0's P, at b1's base
-  static constexpr int kBase = kP0 + kPanel;               // [row] the running base (log2 units)
-  static constexpr int kScale0 = kBase + rows64::kRows * 4;    // [row] O's factor, b0's softmax
+  static constexpr int kTile = kQ + 9 * rows64::kQPanel;     // [2]
+  static constexpr int kP0 = kTile + 2 * kTileBytes;         // warpgroup 0's P, at b1's base
+  static constexpr int kBase = kP0 + kPanel;                 // [row] the running base (log2 units)
+  static constexpr int kScale0 = kBase + rows64::kRows * 4;  // [row] O's factor, b0's softmax
   static constexpr int kScale1 = kScale0 + rows64::kRows * 4;  // [row] O's factor, b1's softmax
   static constexpr int kSums = kScale1 + rows64::kRows * 4;    // [warpgroup][row] sums at the end
   static constexpr int kQInv = kSums + 2 * rows64::kRows * 4;
   static constexpr int kQAmax = kQInv + rows64::kRows * 4;
-  static constexpr int kOnes = kQAmax + rows64::kRows * 4;  // [token] 1: a copied block has them all
-  static constexpr int kBars = kOnes + kN;              // [tile][panel] mbarriers
-  static constexpr int kHandoffs = kBars + 18 * 8;      // [4] mbarriers (kScale0Ready ..)
+  static constexpr int kOnes =
+      kQAmax + rows64::kRows * 4;                   // [token] 1: a copied block has them all
+  static constexpr int kBars = kOnes + kN;          // [tile][panel] mbarriers
+  static constexpr int kHandoffs = kBars + 18 * 8;  // [4] mbarriers (kScale0Ready ..)
   static constexpr int kSmemBytes = kHandoffs + 4 * 8 + 1024;  // + slack to align to 1 KB
   static_assert(kSmemBytes <= 227 * 1024, "Q and two tiles fit in shared memory");
   static_assert(kTile % 1024 == 0 && kP0 % 1024 == 0, "swizzle atoms stay aligned");
@@ -60,7 +61,7 @@ struct Layout {
 // One-way handoffs between the two warpgroups, once per pair of blocks: mbarriers of 128
 // arrivals (the sender's threads; the receiver waits for pair i's phase, parity i % 2).
 // FlashMLA uses named-barrier arrive / sync for these; racecheck does not model barrier.arrive
-// and flags such handoffs even in correct code (bench/NOTES.md v53), so these are checkable.
+// and flags such handoffs even in correct code, so these are checkable.
 inline constexpr int kScale0Ready = 0;  // 0 -> 1: b0's base and factors written
 inline constexpr int kScale1Ready = 1;  // 1 -> 0: b1's base and factors written
 inline constexpr int kP0Ready = 2;      // 0 -> 1: P0 (at b1's base) written
@@ -291,7 +292,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int c = 0; c < 4; ++c) wgmma_fence_operand(o[c]);
       // V0's left half is read: refilled at once (before the wait for warpgroup 1's softmax,
-      // where FlashMLA issues it: 2% faster here, bench/NOTES.md v56).
+      // where FlashMLA issues it, which is slower here).
       if (next0 && issuer) issue(b0 + 2, kTile0, kLeft);
       receive(kScale1Ready, i);
       float f1[2] = {1.0f, 1.0f};

@@ -49,22 +49,21 @@ inline constexpr int kSmemBytes = kBar + kStages * 8;
 // the fragment reads of 8 rows at once off a single bank group.
 inline constexpr int kQPitch = 576 * 2 + 16;
 static_assert(kRows * kQPitch <= kRed - kPart && kRows * 4 <= kFlags - kRed, "Q stash fits");
-// Two CTAs per SM (16 warps): v5 ran one (255 registers, Q fragments of all 576 dims per
-// thread) and ncu showed it latency bound: 0.41 eligible warps per scheduler, 29% issue busy.
+// Two CTAs per SM (16 warps): one CTA an SM (255 registers, Q fragments of all 576 dims per
+// thread) is latency bound.
 inline constexpr int kMinBlocks = 2;
 static_assert(kMinBlocks * (kSmemBytes + 1024) + ops::kMergeCtaSmem <= 228 * 1024,
               "two CTAs and a merge CTA must fit an SM");
 
 // Block `blk`'s copies into `stage` by the TMA engine, one token per bulk copier
-// (ops::bulk_token; page-table `entry` from token_entry_of). v7-v11 copied with cp.async, 16
-// bytes a thread: the copy instructions queued in the L1 and the warps waited on them (a quarter
-// of the stall samples; bench/NOTES.md v12).
+// (ops::bulk_token; page-table `entry` from token_entry_of): cp.async copies of 16 bytes a
+// thread queue in the L1, and the warps wait on them.
 __device__ __forceinline__ void load_block(const DecodeParams& p, const WorkTile& t, int blk,
                                            std::int32_t entry, std::uint8_t* smem, int stage) {
   const int tok = ops::bulk_token();
   ops::bulk_copy_token<512, 64>(p, ops::entry_slot_of<kBlockN>(p, t, blk, entry, tok),
-                                   smem + kRaw + stage * kStageBytes + tok * kPitch,
-                                   smem + kFlags + stage * kBlockN + tok, smem + kBar + 8 * stage);
+                                smem + kRaw + stage * kStageBytes + tok * kPitch,
+                                smem + kFlags + stage * kBlockN + tok, smem + kBar + 8 * stage);
 }
 
 __global__ void __maxnreg__(ops::kMaxRegsTwoCtas) fp8_exact_kernel(const DecodeParams p) {
@@ -93,9 +92,9 @@ __global__ void __maxnreg__(ops::kMaxRegsTwoCtas) fp8_exact_kernel(const DecodeP
   }
   // ---- Q: the CTA reads each row once (16 threads a row, 4.5 16-byte chunks each) into a
   // bf16 stash in the partial-sum buffer (free until the first block's S), and the row's
-  // exponent (ops::q_row_exponent) into the reduction buffer. v7-v11 had every quad read its
-  // two rows whole for the maximum, then again for its fragments: ~3,500 instructions per warp
-  // before the first block, which dominated short requests (bench/NOTES.md v12).
+  // exponent (ops::q_row_exponent) into the reduction buffer, rather than every quad reading its
+  // two rows whole for the maximum and again for its fragments (thousands of instructions a
+  // warp before the first block, which short requests feel).
   const int q_r = threadIdx.x / 16, q_part = threadIdx.x % 16;  // row, thread within the row
   uint4 q_v[5];
   ops::load_q_chunks(p, t, q_first, rows, q_r, q_part, q_v);
@@ -177,8 +176,7 @@ __global__ void __maxnreg__(ops::kMaxRegsTwoCtas) fp8_exact_kernel(const DecodeP
     __syncthreads();  // block blk - 1 is done with: its stage takes block blk + 1
     if (copier && blk + 1 < n_blocks) {
       load_block(p, t, blk + 1, next_entry, smem, (blk + 1) % kStages);
-      next_entry =
-          ops::token_entry_of<kBlockN>(p, t, q_first, kv_base, blk + 2, ops::bulk_token());
+      next_entry = ops::token_entry_of<kBlockN>(p, t, q_first, kv_base, blk + 2, ops::bulk_token());
     }
     mbar_wait(smem + kBar + 8 * stage, (blk / kStages) % 2);  // block blk landed
     const std::uint8_t* raw = smem + kRaw + stage * kStageBytes;
@@ -189,8 +187,7 @@ __global__ void __maxnreg__(ops::kMaxRegsTwoCtas) fp8_exact_kernel(const DecodeP
     // n-tile n, fragment column g: token 8 n + g / 2 + 4 (g % 2) (bank-conflict free reads).
     // The codes of the next two n-tiles (then the rope's) are read before this pair's products
     // so their latency hides behind the mma chains: the compiler keeps the reads after the
-    // partial-sum stores otherwise (it cannot tell the two regions apart), and v7 waited on every
-    // read (bench/NOTES.md v12).
+    // partial-sum stores otherwise (it cannot tell the two regions apart), and every read waits.
     const std::uint8_t* k_col = raw + k_tok * kPitch + 64 * warp + 16 * tq;
     auto k_read = [&](int n) { return *reinterpret_cast<const uint4*>(k_col + 8 * n * kPitch); };
     uint4 kv0 = k_read(0), kv1 = k_read(1);
@@ -288,11 +285,11 @@ __global__ void __maxnreg__(ops::kMaxRegsTwoCtas) fp8_exact_kernel(const DecodeP
       ldmatrix_x4(a, p_s + (lane % 16) * kPElems + 16 * kk + (lane / 16) * 8);
       const std::uint8_t* v_col = raw + 64 * warp + 8 * g;
       const int tk = 16 * kk + 2 * tq;  // tokens tk, tk + 1 (b0) and tk + 8, tk + 9 (b1)
-      const uint2 v0 = *reinterpret_cast<const uint2*>(v_col + tk * kPitch);
-      const uint2 v1 = *reinterpret_cast<const uint2*>(v_col + (tk + 1) * kPitch);
-      const uint2 v8 = *reinterpret_cast<const uint2*>(v_col + (tk + 8) * kPitch);
-      const uint2 v9 = *reinterpret_cast<const uint2*>(v_col + (tk + 9) * kPitch);
-      ops::pv_step(o, a, v0, v1, v8, v9);
+      const uint2 x0 = *reinterpret_cast<const uint2*>(v_col + tk * kPitch);
+      const uint2 x1 = *reinterpret_cast<const uint2*>(v_col + (tk + 1) * kPitch);
+      const uint2 x8 = *reinterpret_cast<const uint2*>(v_col + (tk + 8) * kPitch);
+      const uint2 x9 = *reinterpret_cast<const uint2*>(v_col + (tk + 9) * kPitch);
+      ops::pv_step(o, a, x0, x1, x8, x9);
     }
   }
 
@@ -314,8 +311,7 @@ __global__ void __maxnreg__(ops::kMaxRegsTwoCtas) fp8_exact_kernel(const DecodeP
     float l = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) l += red_sum[w * kRows + r];
-    ops::write_row(p, t, tile, warp, tq, h, r, o,
-                       ops::finish_row(row_max[h], l, p.out_scale));
+    ops::write_row(p, t, tile, warp, tq, h, r, o, ops::finish_row(row_max[h], l, p.out_scale));
   }
 }
 

@@ -33,7 +33,7 @@ using rows16::kBlockN;
 using rows16::kPElems;
 using rows16::kPitch;
 using rows16::kRows;
-// Four 37 KB stages fit beside Q (v68). S's accumulators: three (s_product), with A loaded a
+// Four 37 KB stages fit beside Q. S's accumulators: three (s_product), with A loaded a
 // k-step at a time (two k-steps at a time spill).
 inline constexpr int kStages = 4;
 inline constexpr int kChains = 3;
@@ -73,10 +73,10 @@ __device__ __forceinline__ void wg_sync(int wg) {
 // fragment (matrices: rows 0-7 / 8-15 x bytes 0-15 / 16-31). A alternates between two buffers:
 // step i's loads wait for step i - 2, which read its buffer.
 // fp8 wgmma keeps its sums to ~13 mantissa bits, truncating, so its error grows with a chain's
-// length (v20: chains of 3 steps, as the TMA kernel's, against 9: ~1e-3 against 2.4-3.6e-3 output
-// error at scores ~50). Three accumulators hold chains of 3 steps: steps 0-2, 3-5, 6-8 into d[0],
-// d[1], d[2], which then meet in fp32 in d[0]; 9-11 and 12-14 into fresh d[1], d[2], and d[1]
-// joins d[0]; 15-17 into a fresh d[1]. The caller commits the last step and adds the three.
+// length: chains of 3 steps, as fp8_tma's, summed in fp32. Three accumulators hold chains of 3
+// steps: steps 0-2, 3-5, 6-8 into d[0], d[1], d[2], which then meet in fp32 in d[0]; 9-11 and 12-14
+// into fresh d[1], d[2], and d[1] joins d[0]; 15-17 into a fresh d[1]. The caller commits the last
+// step and adds the three.
 __device__ __forceinline__ void s_product(float (&d)[kChains][16], const std::uint8_t* row,
                                           std::uint64_t b_ckv, std::uint64_t b_pe) {
   static_assert(kChains == 3, "the chain schedule below");
@@ -107,8 +107,7 @@ __device__ __forceinline__ void s_product(float (&d)[kChains][16], const std::ui
   }
 }
 
-__global__ void __maxnreg__(kMaxRegs)
-    fp8_gather_kernel(const __grid_constant__ DecodeParams p) {
+__global__ void __maxnreg__(kMaxRegs) fp8_gather_kernel(const __grid_constant__ DecodeParams p) {
   DeviceTile tile;
   if (!ops::load_tile(p, tile)) return;
   std::uint8_t* smem = dynamic_smem_1k();
@@ -234,9 +233,9 @@ __global__ void __maxnreg__(kMaxRegs)
       for (int h = 0; h < 2; ++h) {
         const std::uint8_t* v = kv + v_off + 16 * kk * kPitch + 64 * (2 * wr + h);
         ops::pv_step(o[h], a, *reinterpret_cast<const uint2*>(v),
-                         *reinterpret_cast<const uint2*>(v + kPitch),
-                         *reinterpret_cast<const uint2*>(v + 8 * kPitch),
-                         *reinterpret_cast<const uint2*>(v + 9 * kPitch));
+                     *reinterpret_cast<const uint2*>(v + kPitch),
+                     *reinterpret_cast<const uint2*>(v + 8 * kPitch),
+                     *reinterpret_cast<const uint2*>(v + 9 * kPitch));
       }
     }
     mbar_arrive(smem + kEmpty + 8 * stage);  // this thread's reads of the stage are done

@@ -31,14 +31,14 @@ namespace fp8mla::detail::fp8_tma {
 // The shared tile operations (src/cuda/ops).
 using namespace ops;
 
-// The fragment kernel's CTA (8 warps, 64-token blocks, 16 rows, two stages) and P pitch.
+// The <= 16-row CTA (8 warps, 64-token blocks, 16 rows, two stages) and P pitch.
 using rows16::kBlockN;
 using rows16::kPElems;
 using rows16::kRows;
+using rows16::kSlab;  // 128 ckv dims of a block (128-byte swizzle)
 using rows16::kStages;
 using rows16::kThreads;
 using rows16::kWarps;
-using rows16::kSlab;  // 128 ckv dims of a block (128-byte swizzle)
 inline constexpr int kRopeSlab = kBlockN * 64;  // its 64 rope dims (64-byte swizzle)
 inline constexpr int kStageBytes = 4 * kSlab + kRopeSlab;
 // Offsets from the 1024-byte-aligned base (swizzle atoms).
@@ -62,10 +62,9 @@ static_assert(kQ % 1024 == 0 && kStageBytes % 1024 == 0, "swizzle atoms stay ali
 // descriptors of the stage's and Q's slab 2 w and rope step w.
 // Hopper's fp8 MMA keeps its accumulator to 13 mantissa bits, truncating (SageAttention2,
 // DeepSeek-V3 report), so one chain of 9 steps loses ~2e-4 of a score's magnitude: steps go to
-// kChains chains of 3 (step i to chain i / 3), summed in fp32 (bench/NOTES.md v20: the output
-// error at scores ~50 drops from 2.4-3.6e-3 to ~1e-3 for 0-4% of time; 4 chains gained little
-// more at 128 registers, above the 112 this kernel may use (ops::kMaxRegsTwoCtas); 9 make
-// ptxas serialize the wgmma).
+// kChains chains of 3 (step i to chain i / 3), summed in fp32 (docs/design/fp8_tma.md has the
+// error figures); 4 chains need more than the 112 registers this kernel may use
+// (ops::kMaxRegsTwoCtas), and 9 make ptxas serialize the wgmma.
 inline constexpr int kChains = 3;
 __device__ __forceinline__ void s_product(float (&d)[kChains][16], std::uint64_t a_ckv,
                                           std::uint64_t a_pe, std::uint64_t b_ckv,
@@ -181,17 +180,17 @@ __global__ void __maxnreg__(ops::kMaxRegsTwoCtas)
     softmax_block<__half>(full, sc, j0, t.kv_end, limit_p, tok0, pr, g, wr, red_max, p_s, st);
 
     // ---- O += P V: the warp's columns 64 warp + [0, 64); n-tile n, fragment column g is
-    // column 64 warp + 8 g + n (the fragment kernel's mapping) ----
+    // column 64 warp + 8 g + n (fp8_exact's mapping) ----
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       std::uint32_t a[4];
       ldmatrix_x4(a, p_s + (lane % 16) * kPElems + 16 * kk + (lane / 16) * 8);
       // tokens 16 kk + 2 tq (+ 1): rows of atom 2 kk; + 8 (+ 9): atom 2 kk + 1
-      const uint2 v0 = *reinterpret_cast<const uint2*>(kv + v_even + 2048 * kk);
-      const uint2 v1 = *reinterpret_cast<const uint2*>(kv + v_odd + 2048 * kk);
-      const uint2 v8 = *reinterpret_cast<const uint2*>(kv + v_even + 2048 * kk + 1024);
-      const uint2 v9 = *reinterpret_cast<const uint2*>(kv + v_odd + 2048 * kk + 1024);
-      ops::pv_step(st.o, a, v0, v1, v8, v9);
+      const uint2 x0 = *reinterpret_cast<const uint2*>(kv + v_even + 2048 * kk);
+      const uint2 x1 = *reinterpret_cast<const uint2*>(kv + v_odd + 2048 * kk);
+      const uint2 x8 = *reinterpret_cast<const uint2*>(kv + v_even + 2048 * kk + 1024);
+      const uint2 x9 = *reinterpret_cast<const uint2*>(kv + v_odd + 2048 * kk + 1024);
+      ops::pv_step(st.o, a, x0, x1, x8, x9);
     }
     runs.release(smem + kEmpty + 8 * stage);  // the warp's reads of the stage are done
   }

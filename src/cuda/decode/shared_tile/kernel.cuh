@@ -54,7 +54,7 @@ struct Smem {
   static constexpr int kBarBytes = kBulk ? 8 + 3 * 8 : 0;  // alignment + up to 3 stages
   // Block-format tiles of <= 16 rows load and dequantize straight from global memory into the tile
   // (no raw staging): ~98 KB and <= 128 registers let two CTAs share an SM, so one CTA's loads
-  // overlap the other's math. v2 ran 1 CTA (8 warps) per SM and ncu showed it latency bound.
+  // overlap the other's math (one CTA an SM is latency bound).
   static constexpr bool kDirect = F != KvFormat::bf16 && MT == 1;
   static constexpr int kMinBlocks = kDirect ? 2 : 1;
   static constexpr int fixed() { return kQBytes + kPBytes + kRedBytes + kFlagBytes + kBarBytes; }
@@ -354,7 +354,7 @@ __global__ void __launch_bounds__(kThreads, Smem<F, MT>::kMinBlocks)
 #pragma unroll  // register fragments need compile-time indices
       for (int k = 0; k < 32; k += 2) qk_steps(s_nope, k);
     } else {
-#pragma unroll 4  // full unrolling with 2-4 m-tiles cost 45% at 128 heads (v2 bench)
+#pragma unroll 4  // full unrolling with 2-4 m-tiles is slower (code size)
       for (int k = 0; k < 32; k += 2) qk_steps(s_nope, k);
     }
 #pragma unroll

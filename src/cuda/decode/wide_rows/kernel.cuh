@@ -39,17 +39,17 @@ inline constexpr int kTileBytes = 9 * kPanel;
 
 template <bool kBf16Cache>
 struct Layout {
-  static constexpr bool kBf16 = kBf16Cache;  // load_q: bf16 Q as given, else fp16 scaled by 2^e
-  static constexpr int kQGroup = 6;          // load_q: Q chunks a thread loads at once (v61)
+  static constexpr bool kBf16 = kBf16Cache;  // load_q_panels: bf16 Q as given, else fp16 x 2^e
+  static constexpr int kQGroup = 6;          // load_q_panels: Q chunks a thread loads at once
   static constexpr int kQ = 0;
   static constexpr int kTile = kQ + 9 * rows64::kQPanel;          // [2] 16-bit tiles
-  static constexpr int kFlags = kTile + 2 * kTileBytes;       // [tile][token] present
-  static constexpr int kFactor = kFlags + 2 * kN;             // [tile][row] O's rescale factor
+  static constexpr int kFlags = kTile + 2 * kTileBytes;           // [tile][token] present
+  static constexpr int kFactor = kFlags + 2 * kN;                 // [tile][row] O's rescale factor
   static constexpr int kStats = kFactor + 2 * rows64::kRows * 4;  // [row] max, sum at the end
   static constexpr int kQInv = kStats + 2 * rows64::kRows * 4;
   static constexpr int kQAmax = kQInv + rows64::kRows * 4;
-  static constexpr int kBars = kQAmax + rows64::kRows * 4;     // full[2], ready[2], free[2]
-  static constexpr int kSmemBytes = kBars + 6 * 8 + 1024;  // + slack to align to 1 KB
+  static constexpr int kBars = kQAmax + rows64::kRows * 4;  // full[2], ready[2], free[2]
+  static constexpr int kSmemBytes = kBars + 6 * 8 + 1024;   // + slack to align to 1 KB
   static_assert(kSmemBytes <= 227 * 1024, "tile does not fit in shared memory");
 };
 
@@ -85,8 +85,7 @@ __device__ __forceinline__ bool fused_pool(const DecodeParams& p) {
 // Token `tok`'s ckv and kpe (nullptr when absent) from its entry e.
 template <int kToken>
 __device__ __forceinline__ ops::TokenAddr token_addr(const DecodeParams& p, const WorkTile& t,
-                                                        int blk, std::int32_t e, int tok,
-                                                        bool fused) {
+                                                     int blk, std::int32_t e, int tok, bool fused) {
   const std::int64_t slot = ops::entry_slot_of<kN>(p, t, blk, e, tok);
   if (!fused) return ops::slot_addr(p, slot);
   if (slot < 0) return {nullptr, nullptr};
@@ -143,8 +142,8 @@ __device__ __forceinline__ void store_share(const Share& sh, std::uint8_t* smem,
 // size: 576 bytes fp8, 1152 bf16) (dense page tables, pages of >= 64 tokens, fp8mla's and
 // SGLang's pools): one page-table entry a block, and every byte's address a constant offset from
 // the block's first token. fp8: warpgroup 1 reads the block's 36,864 bytes as 8-byte units i =
-// 128 k + u (thread u, k = 0..35), so a warp's load is 256 bytes in a row (2 L1 wavefronts; the
-// per-token loads above cost ~21 per 512 bytes, bench/NOTES.md v25). Unit i is token i / 72,
+// 128 k + u (thread u, k = 0..35), so a warp's load is 256 bytes in a row (2 L1 wavefronts, where
+// the per-token loads above take many more). Unit i is token i / 72,
 // 8-byte unit w = i % 72 of it: panel w / 8, 16-byte unit w % 8 of the row, so 8 consecutive
 // threads store one row's 8 units of a panel (conflict-free). Unit i + 1152 is 16 tokens
 // further: the same place 2048 bytes on, so 9 addresses serve all 36.
@@ -207,8 +206,8 @@ __device__ __forceinline__ void store_block_units(const Share& sh, std::uint8_t*
 // instruction reads 4 tokens x 128 bytes; in a contiguous tile (e[0]: the block's page) every
 // source is a constant offset from one address, otherwise (e[j]: token j's entry) from one per
 // token. The 36 copies' shared addresses are constant offsets from one (token + 16 j: 2048 bytes
-// on, the same swizzle). v26 computed each copy's addresses in full: ~540 instructions a warp
-// and block, half of warpgroup 1's time (bench/NOTES.md v26b). A skipped token or one past the
+// on, the same swizzle): computing each copy's addresses in full would take hundreds of
+// instructions a warp and block. A skipped token or one past the
 // tile is zero-filled (the source p.ckv + offset < 1152: mapped, not read) and flagged 0. One
 // commit group.
 __device__ __forceinline__ int copy_token(int j) {
@@ -253,7 +252,7 @@ __device__ __forceinline__ void copy_bf16_block(const DecodeParams& p, const Wor
 __device__ __forceinline__ std::uint8_t* p_frag_addr(std::uint8_t* smem, int tile, int warp,
                                                      int lane, int kk) {
   return ops::frag_addr(smem + Layout<false>::kTile + tile * kTileBytes + 8 * kPanel, warp, lane,
-                       kk);
+                        kk);
 }
 
 // Threads and registers: warpgroups 0 and 1 consume (S, softmax, P V), warpgroup 2 fetches.
@@ -478,7 +477,7 @@ __global__ void __launch_bounds__(kThreads, 1) wide_rows_kernel(const DecodePara
           stmatrix_x4(p_frag_addr(smem, s, warp, lane, kk), pa[kk]);
         }
         // No proxy fence: warpgroup 1 reads P by ldmatrix, in the same (generic) proxy, and no
-        // wgmma reads this panel before the producer refills it behind its own fence (v48).
+        // wgmma reads this panel before the producer refills it behind its own fence.
         mbar_arrive(ready + 8 * s);
         ops::rescale_o(o, f);
         row_sum[0] *= f[0], row_sum[1] *= f[1];

@@ -5,7 +5,8 @@
 namespace fp8mla::detail::bf16_wide_rows {
 
 KernelEntry entry(KvFormat format, int row_tiles, int /*device_id*/) {
-  if (format != KvFormat::bf16 || !(row_tiles > 1)) no_kernel(KernelFamily::bf16_wide_rows, format, row_tiles);
+  if (format != KvFormat::bf16 || !(row_tiles > 1))
+    no_kernel(KernelFamily::bf16_wide_rows, format, row_tiles);
   return {&bf16_wide_rows_kernel, Layout::kSmemBytes, kThreads, 0, true};
 }
 

@@ -5,7 +5,8 @@
 namespace fp8mla::detail::fp8_exact {
 
 KernelEntry entry(KvFormat format, int row_tiles, int /*device_id*/) {
-  if (format != KvFormat::fp8_e4m3 || !(row_tiles == 1)) no_kernel(KernelFamily::fp8_exact, format, row_tiles);
+  if (format != KvFormat::fp8_e4m3 || !(row_tiles == 1))
+    no_kernel(KernelFamily::fp8_exact, format, row_tiles);
   return {&fp8_exact_kernel, kSmemBytes};
 }
 

@@ -5,7 +5,8 @@
 namespace fp8mla::detail::fp8_gather {
 
 KernelEntry entry(KvFormat format, int row_tiles, int /*device_id*/) {
-  if (format != KvFormat::fp8_e4m3 || !(row_tiles == 1)) no_kernel(KernelFamily::fp8_gather, format, row_tiles);
+  if (format != KvFormat::fp8_e4m3 || !(row_tiles == 1))
+    no_kernel(KernelFamily::fp8_gather, format, row_tiles);
   return {&fp8_gather_kernel, kSmemBytes, kCtaThreads};
 }
 

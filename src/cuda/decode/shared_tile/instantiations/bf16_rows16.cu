@@ -1,6 +1,6 @@
 // shared_tile for bf16 tiles of up to 16 rows.
-#include "src/cuda/decode/shared_tile/kernel.cuh"
 #include "src/cuda/decode/launch_table.h"
+#include "src/cuda/decode/shared_tile/kernel.cuh"
 
 namespace fp8mla::detail::shared_tile {
 

@@ -1,6 +1,6 @@
 // wide_rows for fp8_e4m3 caches.
-#include "src/cuda/decode/wide_rows/kernel.cuh"
 #include "src/cuda/decode/launch_table.h"
+#include "src/cuda/decode/wide_rows/kernel.cuh"
 
 namespace fp8mla::detail::wide_rows {
 
