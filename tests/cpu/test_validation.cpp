@@ -529,7 +529,7 @@ TEST(ValidationMerge, StatesMajorLseIsAccepted) {
   expect_error([&] { in.merge(); }, {"v_out.dtype"});
 }
 
-// The check prepare() (src/cuda/decode.cu) runs on the warp-specialized kernel before its first
+// The check prepare() (src/cuda/decode/launch.cu) runs on the warp-specialized kernel before its first
 // launch: a register count other than the one its setmaxnreg split adds up to is an error, not a
 // hang. Exercised here on counts, since a kernel cannot be mis-built on purpose.
 TEST(ValidationDevice, RegisterSplitNeedsTheExactCount) {

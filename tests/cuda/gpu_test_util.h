@@ -20,7 +20,7 @@
 
 namespace fp8mla::gputest {
 
-// The kernels' bounds (tests/cuda/test_cuda_decode.cpp says why): out's relative L2 error and
+// The kernels' bounds (tests/cuda/test_cuda_grid.cpp says why): out's relative L2 error and
 // lse's error |out - ref| / max(1, |ref|).
 inline constexpr double kOutTol = 1e-2;
 inline constexpr double kLseTol = 2e-3;
