@@ -143,7 +143,7 @@ struct CaseRunner {
     const int reps = quick ? 5 : 15;
     std::vector<CaseResult> results;
     auto record = [&](const std::string& strategy, double us) {
-      CaseResult r{bs, heads, ctx, qo, ps, f, strategy, us};
+      CaseResult r{bs, heads, ctx, qo, ps, f, strategy, us, 0, 0, 0, 0, -1, {}};
       if (strategy == "native") r.kernel = plans.front().kernel_name();
       r.gbs = bytes / (us * 1e3);
       r.read_pct = 100.0 * r.gbs / ceil.read_gbs;
