@@ -1,6 +1,6 @@
 // Internal: the one dispatch table. plan() describes its problem as a DispatchKey, asks
 // choose_family() once, partitions the work for that family, and records it in the PlanState;
-// run() launches exactly that family (the CUDA launch table, src/cuda/decode/launch_table.cu,
+// run() launches exactly that family (the CUDA launch table, src/cuda/decode/launch_table.cpp,
 // maps a family to its kernel). The rule lives here and nowhere else.
 //
 // Columns (src/core/dispatch.cpp, kDispatchTable):

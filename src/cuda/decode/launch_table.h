@@ -1,7 +1,7 @@
 // The CUDA launch table: a kernel family (src/core/dispatch.h) and the tile's format and rows ->
 // the kernel run() launches. Each family's entry() lives in its folder (src/cuda/decode/<family>/,
 // instantiations/*.cu). Adding a family: its entry() and one row of kLaunchTable
-// (launch_table.cu).
+// (launch_table.cpp).
 #pragma once
 
 #include "fp8mla/attention.h"
