@@ -63,6 +63,15 @@ if [ "$(printf '%s\n' 3.25 "$cmake_version" | sort -V | head -n1)" != 3.25 ]; th
   exit 1
 fi
 
+# cuobjdump for the CUDA build's cubin check (scripts/check_cubins.sh): the toolkit's, else
+# PyPI's package of it.
+if { command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; } &&
+   ! command -v cuobjdump >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/cuobjdump ] &&
+   ! python3 -c 'import nvidia, pathlib, sys; sys.exit(not any(p.is_file() for d in nvidia.__path__ for p in pathlib.Path(d).glob("*/bin/cuobjdump")))' 2>/dev/null; then
+  log "installing cuobjdump (pip: nvidia-cuda-cuobjdump)"
+  python3 -m pip install -q --disable-pip-version-check nvidia-cuda-cuobjdump
+fi
+
 [ "$deps_only" -eq 1 ] && exit 0
 
 # ---- configure + build ----

@@ -128,14 +128,18 @@ __device__ __forceinline__ std::int32_t token_entry_of(const DecodeParams& p, co
   return e;
 }
 // Pool slot (page * page_size + offset) of token `tok` of block `blk`, or -1 when it is past the
-// tile or skipped.
+// tile or skipped. An entry outside the pool is skipped too: plan() checks the page ids it
+// copies, but a borrowed page table (Problem::borrowed_kv_indices) is read as the caller left
+// it, and a sparse list passed to run() is never checked on the host.
 template <int kBlock>
 __device__ __forceinline__ std::int64_t entry_slot_of(const DecodeParams& p, const WorkTile& t,
                                                       int blk, std::int32_t e, int tok) {
   const int j = t.kv_begin + blk * kBlock + tok;
-  if (j >= t.kv_end) return -1;
-  if (p.topk > 0) return e < 0 || e >= p.pool_slots ? -1 : e;
-  return (static_cast<std::int64_t>(e) << p.page_shift) | (j & ((1 << p.page_shift) - 1));
+  if (j >= t.kv_end || e < 0) return -1;
+  const std::int64_t slot = p.topk > 0 ? e
+                                       : (static_cast<std::int64_t>(e) << p.page_shift) |
+                                             (j & ((1 << p.page_shift) - 1));
+  return slot < p.pool_slots ? slot : -1;
 }
 __device__ __forceinline__ TokenAddr slot_addr(const DecodeParams& p, std::int64_t slot) {
   if (slot < 0) return {nullptr, nullptr};
