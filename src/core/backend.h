@@ -16,9 +16,10 @@ namespace fp8mla::detail {
 // ---- CPU backend (src/cpu) ----
 // Attention for a validated plan and validated arguments. cpu_reference: float64 accumulation,
 // one thread, straight from the definition (ignores the partition). cpu_run: the threaded fast
-// path: runs the planned tiles (float32 accumulation), then merges split requests.
+// path: runs the planned tiles (float32 accumulation), then merges split requests. Both only
+// read the plan (cpu_run keeps its split-KV workspace per run), so runs of one plan may overlap.
 void cpu_reference(const PlanState& plan, const RunArgs& args);
-void cpu_run(PlanState& plan, const RunArgs& args);
+void cpu_run(const PlanState& plan, const RunArgs& args);
 void cpu_merge_states(const TensorView& v, const TensorView& s, const TensorView& v_out,
                       const TensorView& s_out);
 

@@ -483,9 +483,9 @@ void validate(const Problem& p, const PlanOptions& o) {
   if (p.device_kv_indices.defined()) check_device_page_ids(p);
 }
 
-// Everything but the device upload and the CPU workspace, for a validated problem. `original`:
-// null for plan(), which chooses the kernel family and resolves ctas_per_sm; replan() passes
-// the original plan, whose family, ctas_per_sm and arch it keeps.
+// Everything but the device upload, for a validated problem. `original`: null for plan(),
+// which chooses the kernel family and resolves ctas_per_sm; replan() passes the original plan,
+// whose family, ctas_per_sm and arch it keeps.
 PlanState build_state(const Problem& p, const PlanOptions& o, int sm_count,
                       const PlanState* original) {
   PlanState s;
@@ -543,11 +543,6 @@ PlanState build_state(const Problem& p, const PlanOptions& o, int sm_count,
   }
   set_capacities(s);
   return s;
-}
-
-void allocate_cpu_workspace(PlanState& s) {
-  s.partial_o.assign(static_cast<std::size_t>(s.partial_rows_capacity) * kDimCkv, 0.0f);
-  s.partial_lse.assign(static_cast<std::size_t>(s.partial_rows_capacity), 0.0f);
 }
 
 // What replan() may not change: the graph's kernels and buffers were chosen for these.
@@ -620,8 +615,6 @@ Plan plan(const Problem& problem, const PlanOptions& options) {
     state->device_kv_indices = problem.device_kv_indices;  // read by the upload only
     detail::cuda_upload_plan(*state);
     state->device_kv_indices = {};
-  } else {
-    allocate_cpu_workspace(*state);
   }
   Plan p;
   p.state_ = std::move(state);
@@ -679,9 +672,6 @@ void replan_state(Plan& p, const Problem& problem, void* const* stream) {
       throw;
     }
     next.device_kv_indices = {};
-  } else {
-    next.partial_o = std::move(s.partial_o);
-    next.partial_lse = std::move(s.partial_lse);
   }
   s = std::move(next);
 }

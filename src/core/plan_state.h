@@ -68,10 +68,6 @@ struct PlanState {
   std::int64_t tile_capacity = 0;
   std::int64_t partial_rows_capacity = 0;
 
-  // CPU workspace for split requests: [partial_rows, 512] and [partial_rows].
-  std::vector<float> partial_o;
-  std::vector<float> partial_lse;
-
   // CUDA state (device copies + workspace); null for CPU plans.
   std::unique_ptr<CudaPlanBuffers, CudaBuffersDeleter> cuda;
   // plan() / replan() only, while cuda_upload_plan runs: the caller's page table on the device

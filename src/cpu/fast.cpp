@@ -3,7 +3,7 @@
 // A tile's rows (query tokens x heads) all read the same cache tokens, so each chunk of kChunk
 // tokens is decoded once into a float buffer and then consumed by every row of the tile, kGroup
 // rows at a time so one load of a decoded value feeds kGroup multiply-adds. Split requests write
-// partial (o, lse) rows into the plan's workspace; the thread that finishes a request's last
+// partial (o, lse) rows into the run's own workspace; the thread that finishes a request's last
 // tile merges them with the same row kernel merge_states uses, so there is no second pass.
 #include <algorithm>
 #include <atomic>
@@ -15,6 +15,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -71,7 +72,12 @@ void parallel_for(int threads, std::int64_t n, const MakeWorker& make_worker) {
   {
     std::vector<std::jthread> pool;
     pool.reserve(static_cast<std::size_t>(count - 1));
-    for (int w = 1; w < count; ++w) pool.emplace_back(body);
+    // A thread the system cannot start (std::system_error: a process or container limit) is
+    // not an error: the threads that did start, and this one, take its items.
+    try {
+      for (int w = 1; w < count; ++w) pool.emplace_back(body);
+    } catch (const std::system_error&) {
+    }
     body();
   }  // joins the pool
   if (error) std::rethrow_exception(error);
@@ -134,6 +140,7 @@ void merge_values(int n, const In* v, std::int64_t v_state, std::int64_t v_dim, 
 template <class In, class Out>
 void merge_tensors(const TensorView& v, const TensorView& s, const TensorView& v_out,
                    const TensorView& s_out) {
+  // merge_states() bounds rows, states and D (fp8mla/limits.h), so these products fit.
   const std::int64_t rows = v.shape[0];
   const int n = static_cast<int>(v.shape[1]);
   const std::int64_t dim = v.shape[2];
@@ -314,15 +321,18 @@ template <class V>
   }
 }
 
-// What every tile of one run shares.
+// What every tile of one run shares, including the run's own split-KV workspace: runs of one
+// plan on several threads at once each write theirs (the plan is only read).
 struct TileContext {
-  TileContext(PlanState& p, const RunArgs& a)
+  TileContext(const PlanState& p, const RunArgs& a)
       : plan(p),
         args(a),
         reader(a.kv),
         page_shift(std::countr_zero(static_cast<unsigned>(p.page_size))),
         page_mask(p.page_size - 1),
         num_slots(p.num_pages * p.page_size),
+        partial_o(static_cast<std::size_t>(p.partial_rows) * kDimCkv),
+        partial_lse(static_cast<std::size_t>(p.partial_rows)),
         remaining(static_cast<std::size_t>(p.batch)) {
     for (const WorkTile& tile : p.tiles) {
       check_tile(tile);
@@ -354,12 +364,14 @@ struct TileContext {
     }
   }
 
-  PlanState& plan;
+  const PlanState& plan;
   const RunArgs& args;
   const KvReader reader;
   const int page_shift;  // page_size is a power of two
   const std::int64_t page_mask;
   const std::int64_t num_slots;
+  std::vector<float> partial_o;             // [plan.partial_rows, 512] split requests' partials
+  std::vector<float> partial_lse;           // [plan.partial_rows]
   std::vector<std::atomic<int>> remaining;  // split tiles of each request not yet finished
 };
 
@@ -504,11 +516,11 @@ void merge_request(const TileContext& ctx, int r, TileScratch& sc) {
   for (std::int64_t row = 0; row < state_rows; ++row) {
     const std::int64_t first = plan.partial_offset[r] + row;
     const float lse =
-        merge_weights(splits, plan.partial_lse.data() + first, state_rows, sc.merge_w.data());
+        merge_weights(splits, ctx.partial_lse.data() + first, state_rows, sc.merge_w.data());
     const std::int64_t t = plan.qo_indptr[r] + row / heads;
     const std::int64_t h = row % heads;
     // Merged in float32 into merge_row, then stored once as the out dtype.
-    merge_values(splits, plan.partial_o.data() + first * kDimCkv, state_rows * kDimCkv, 1, kDimCkv,
+    merge_values(splits, ctx.partial_o.data() + first * kDimCkv, state_rows * kDimCkv, 1, kDimCkv,
                  sc.merge_w.data(), sc.merge_row.data(), 1, sc.merge_acc.data());
     store_out_row(plan, sc.merge_row.data(), 1.0f, element_ptr<std::uint16_t>(ctx.args.out, t, h));
     if (ctx.args.lse.defined()) *element_ptr<float>(ctx.args.lse, t, h) = lse;
@@ -519,7 +531,7 @@ void merge_request(const TileContext& ctx, int r, TileScratch& sc) {
 // thread completing a split request's last tile then merges the request).
 void run_tile(TileContext& ctx, const WorkTile& tile, TileScratch& sc) {
   compute_tile_any(ctx, tile, sc);
-  PlanState& plan = ctx.plan;
+  const PlanState& plan = ctx.plan;
   const int r = tile.request;
   const std::int64_t qo_len = plan.qo_indptr[r + 1] - plan.qo_indptr[r];
   const int rows = tile.q_count * tile.head_count;
@@ -537,9 +549,9 @@ void run_tile(TileContext& ctx, const WorkTile& tile, TileScratch& sc) {
     } else {
       const std::int64_t prow =
           plan.partial_offset[r] + (tile.split * qo_len + tq) * plan.num_heads + h;
-      float* po = plan.partial_o.data() + prow * kDimCkv;
+      float* po = ctx.partial_o.data() + prow * kDimCkv;
       for (int d = 0; d < kDimCkv; ++d) po[d] = o[d] * inv;
-      plan.partial_lse[prow] = lse;
+      ctx.partial_lse[static_cast<std::size_t>(prow)] = lse;
     }
   }
   if (tile.split >= 0 && ctx.remaining[r].fetch_sub(1, std::memory_order_acq_rel) == 1) {
@@ -549,13 +561,8 @@ void run_tile(TileContext& ctx, const WorkTile& tile, TileScratch& sc) {
 
 }  // namespace
 
-void cpu_run(PlanState& plan, const RunArgs& args) {
+void cpu_run(const PlanState& plan, const RunArgs& args) {
   if (plan.tiles.empty()) return;
-  const auto partial_floats = static_cast<std::size_t>(plan.partial_rows) * kDimCkv;
-  if (plan.partial_o.size() < partial_floats) plan.partial_o.resize(partial_floats);
-  if (plan.partial_lse.size() < static_cast<std::size_t>(plan.partial_rows)) {
-    plan.partial_lse.resize(static_cast<std::size_t>(plan.partial_rows));
-  }
   TileContext ctx(plan, args);
   parallel_for(resolve_threads(plan.options.num_threads),
                static_cast<std::int64_t>(plan.tiles.size()), [&] {
