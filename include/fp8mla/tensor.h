@@ -43,11 +43,14 @@ struct TensorView {
   int device_id = 0;
 
   bool defined() const noexcept { return data != nullptr; }
+  // The product of the extents (0 for an undefined view or a zero extent).
   std::int64_t numel() const noexcept;
   // True when the innermost dimension has stride 1 and each outer stride equals the product of
-  // the inner extents (a dense row-major block).
+  // the inner extents (a dense row-major block). Dimensions of extent 1 may have any stride, and
+  // a view with no elements is contiguous whatever its strides (numpy gives those stride 0).
   bool is_contiguous() const noexcept;
-  // "bf16[4, 8, 512] strides [4096, 512, 1] on cpu".
+  // "bf16[4, 8, 512] strides [4096, 512, 1] on cpu". Reads at most kMaxDims entries whatever
+  // ndim says (a hand-made view's ndim outside [0, kMaxDims] is named instead).
   std::string describe() const;
 
   template <class T>

@@ -1,10 +1,55 @@
 #include "src/core/check.h"
 
+#include <array>
+#include <exception>
+#include <new>
+#include <stdexcept>
+#include <utility>
+
 namespace fp8mla::detail {
 
+void check_rank(const TensorView& t, const std::string& name) {
+  require(t.ndim >= 0 && t.ndim <= kMaxDims, name + ".ndim", t.ndim, " is outside [0, ", kMaxDims,
+          "]");
+  for (int i = 0; i < t.ndim; ++i) {
+    require(t.shape[i] >= 0, msg(name, ".shape[", i, "]"), "extent ", t.shape[i],
+            " is negative");
+  }
+}
+
+namespace {
+
+// No two elements of a written view share an address: with the dimensions of extent > 1 ordered
+// by stride, each stride must step past everything the inner ones span. (This rejects a few
+// interleaved layouts that do not overlap; no framework makes those for an output.)
+void require_distinct(const TensorView& t, const std::string& name) {
+  std::array<int, kMaxDims> order{};
+  int n = 0;
+  for (int d = 0; d < t.ndim; ++d)
+    if (t.shape[d] > 1) order[n++] = d;
+  for (int i = 1; i < n; ++i)  // insertion sort by stride (at most kMaxDims entries)
+    for (int j = i; j > 0 && t.stride[order[j]] < t.stride[order[j - 1]]; --j)
+      std::swap(order[j], order[j - 1]);
+  std::int64_t spanned = 0;  // the largest offset the inner dimensions reach (no overflow:
+                             // check_tensor bounded every offset first)
+  for (int i = 0; i < n; ++i) {
+    const int d = order[i];
+    require(t.stride[d] > spanned, msg(name, ".stride[", d, "]"), "stride ", t.stride[d],
+            " makes elements of this output overlap (it must exceed ", spanned,
+            ", the offset its inner dimensions reach; ", t.describe(), ")");
+    spanned += (t.shape[d] - 1) * t.stride[d];
+  }
+}
+
+}  // namespace
+
 void check_tensor(const TensorView& t, const std::string& name, std::initializer_list<DType> dtypes,
-                  std::initializer_list<std::int64_t> shape, DeviceKind device, int device_id) {
-  require(t.defined(), name, "is required but was not given (null data pointer)");
+                  std::initializer_list<std::int64_t> shape, DeviceKind device, int device_id,
+                  unsigned use) {
+  check_rank(t, name);
+  bool empty = false;  // no elements: some extent is 0
+  for (int d = 0; d < t.ndim; ++d) empty = empty || t.shape[d] == 0;
+  require(t.defined() || empty, name, "is required but was not given (null data pointer)");
   bool dtype_ok = false;
   std::string expected;
   for (DType d : dtypes) {
@@ -18,15 +63,55 @@ void check_tensor(const TensorView& t, const std::string& name, std::initializer
   for (std::int64_t extent : shape) {
     require(extent < 0 || t.shape[i] == extent, msg(name, ".shape[", i, "]"), "expected ", extent,
             ", got ", t.shape[i], " (", t.describe(), ")");
-    require(t.stride[i] >= 0, msg(name, ".stride[", i, "]"), "negative strides are not supported");
     ++i;
   }
-  require(t.ndim == 0 || t.shape[t.ndim - 1] <= 1 || t.stride[t.ndim - 1] == 1,
-          msg(name, ".stride[", t.ndim - 1, "]"),
-          "the innermost dimension must be contiguous, got ", t.stride[t.ndim - 1]);
   require(t.device == device && (device == DeviceKind::cpu || t.device_id == device_id),
           name + ".device", "expected ", device_name(device), ":", device_id, ", got ",
           device_name(t.device), ":", t.device_id);
+  if (empty) return;  // no element is addressed: any strides describe it
+  // The largest element offset, in bytes, must be an int64: element addresses are computed as
+  // data + sum(index[i] * stride[i]) in 64-bit arithmetic.
+  const auto size = static_cast<std::int64_t>(dtype_size(t.dtype));
+  std::int64_t last = 0;
+  for (int d = 0; d < t.ndim; ++d) {
+    require(t.stride[d] >= 0, msg(name, ".stride[", d, "]"), "negative strides are not supported");
+    std::int64_t span = 0;
+    const bool overflow = __builtin_mul_overflow(t.shape[d] - 1, t.stride[d], &span) ||
+                          __builtin_mul_overflow(span, size, &span) ||
+                          __builtin_add_overflow(last, span, &last);
+    require(!overflow, msg(name, ".stride[", d, "]"), "stride ", t.stride[d],
+            " puts elements beyond the int64 byte range (", t.describe(), ")");
+  }
+  require((use & kAnyInnerStride) != 0 || t.ndim == 0 || t.shape[t.ndim - 1] <= 1 ||
+              t.stride[t.ndim - 1] == 1,
+          msg(name, ".stride[", t.ndim - 1, "]"),
+          "the innermost dimension must be contiguous, got ", t.stride[t.ndim - 1]);
+  if ((use & kOutput) != 0) require_distinct(t, name);
+}
+
+void rethrow_as_error(const char* function) {
+  try {
+    throw;
+  } catch (const Error&) {
+    throw;
+  } catch (const std::bad_alloc&) {
+    throw Error(ErrorCode::out_of_memory, function, "a host memory allocation failed");
+  } catch (const std::length_error& e) {
+    throw Error(ErrorCode::out_of_memory, function,
+                msg("a host allocation larger than a container can hold was asked for (",
+                    e.what(), ")"));
+  } catch (const std::exception& e) {
+    throw Error(ErrorCode::internal, function, msg("unexpected exception: ", e.what()));
+  } catch (...) {
+    throw Error(ErrorCode::internal, function, "unexpected exception of unknown type");
+  }
+}
+
+void rethrow_with_prefix(const Error& e, const std::string& prefix) {
+  const std::string what = e.what();
+  const std::string& argument = e.argument();
+  const std::string message = argument.empty() ? what : what.substr(argument.size() + 2);
+  throw Error(e.code(), prefix + argument, message);
 }
 
 }  // namespace fp8mla::detail

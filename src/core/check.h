@@ -58,9 +58,39 @@ inline void require_register_count(const std::string& kernel, int built, int req
             " registers a thread; its warpgroups' register split needs exactly ", required));
 }
 
-// Checks a tensor argument: defined, dtype one of `dtypes`, ndim and extents (-1 = any), the
-// innermost stride 1, non-negative strides, and the device.
+// How check_tensor judges a view's strides (flags, or-ed).
+enum TensorUse : unsigned {
+  kInput = 0,
+  // Written: no two elements may share an address (a broadcast view, stride 0 over an extent
+  // above 1, or rows shorter than their stride would have several results land on one element).
+  kOutput = 1,
+  // Any innermost stride (values read one at a time, e.g. lse as a permuted view).
+  kAnyInnerStride = 2,
+};
+
+// Checks a tensor argument: ndim in [0, kMaxDims] and non-negative extents (before anything
+// reads them), defined (a null pointer is accepted for a view with no elements), dtype one of
+// `dtypes`, ndim and extents (-1 = any), and the device; for a view with elements also
+// non-negative strides, the innermost stride 1 (unless kAnyInnerStride), every element's offset
+// in bytes within int64, and for kOutput distinct elements. A view with no elements is accepted
+// whatever its strides (numpy and nanobind give empty arrays stride 0): nothing is read or
+// written through it.
 void check_tensor(const TensorView& t, const std::string& name, std::initializer_list<DType> dtypes,
-                  std::initializer_list<std::int64_t> shape, DeviceKind device, int device_id);
+                  std::initializer_list<std::int64_t> shape, DeviceKind device, int device_id,
+                  unsigned use = kInput);
+
+// The ndim and extents of a view are in range: ndim in [0, kMaxDims], every extent >= 0 (what
+// check_tensor checks first; for views whose shape is checked by hand).
+void check_rank(const TensorView& t, const std::string& name);
+
+// Only fp8mla::Error leaves the library. Called from a catch (...) block of a public entry point
+// (`function` names it), rethrows the exception being handled: an Error as it is,
+// std::bad_alloc and std::length_error (a container asked for more than it can hold) as
+// Error(out_of_memory), anything else as Error(internal) with its what().
+[[noreturn]] void rethrow_as_error(const char* function);
+
+// Rethrows `e` with `prefix` put before its argument's name ("kv_len[3]" -> "problem.kv_len[3]"),
+// for checks shared by entry points that name their arguments differently.
+[[noreturn]] void rethrow_with_prefix(const Error& e, const std::string& prefix);
 
 }  // namespace fp8mla::detail

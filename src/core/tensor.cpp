@@ -1,6 +1,8 @@
 // Element types and strided tensor views (include/fp8mla/tensor.h).
 #include "fp8mla/tensor.h"
 
+#include <algorithm>
+#include <limits>
 #include <sstream>
 
 #include "fp8mla/error.h"
@@ -53,20 +55,38 @@ const char* device_name(DeviceKind device) {
   return "unknown_device";
 }
 
+// numel(), is_contiguous() and describe() read only the kMaxDims entries a view has, whatever its
+// ndim says: a hand-made view with ndim outside [0, kMaxDims] reaches them in error messages.
+namespace {
+int dims_of(const TensorView& t) {
+  return std::clamp(t.ndim, 0, kMaxDims);
+}
+}  // namespace
+
 std::int64_t TensorView::numel() const noexcept {
   // An undefined view (an optional tensor left out) holds no elements, so size checks such as
   // numel() == rows fail for it instead of seeing the empty product 1.
   if (!defined()) return 0;
   std::int64_t n = 1;
-  for (int i = 0; i < ndim; ++i) n *= shape[i];
+  for (int i = 0; i < dims_of(*this); ++i) {
+    if (shape[i] <= 0) return 0;
+    if (__builtin_mul_overflow(n, shape[i], &n)) return std::numeric_limits<std::int64_t>::max();
+  }
   return n;
 }
 
 bool TensorView::is_contiguous() const noexcept {
+  // No elements: nothing to lay out (numpy and nanobind give empty arrays stride 0). An extent of
+  // 1 takes any stride (torch's rule): its stride is never multiplied by an index above 0.
+  const int dims = dims_of(*this);
+  for (int i = 0; i < dims; ++i) {
+    if (shape[i] < 0) return false;
+    if (shape[i] == 0) return true;
+  }
   std::int64_t expected = 1;
-  for (int i = ndim - 1; i >= 0; --i) {
-    if (stride[i] != expected) return false;
-    expected *= shape[i];
+  for (int i = dims - 1; i >= 0; --i) {
+    if (shape[i] != 1 && stride[i] != expected) return false;
+    if (__builtin_mul_overflow(expected, shape[i], &expected)) return false;
   }
   return true;
 }
@@ -74,9 +94,11 @@ bool TensorView::is_contiguous() const noexcept {
 std::string TensorView::describe() const {
   std::ostringstream os;
   os << dtype_name(dtype) << "[";
-  for (int i = 0; i < ndim; ++i) os << (i ? ", " : "") << shape[i];
+  const int dims = dims_of(*this);
+  for (int i = 0; i < dims; ++i) os << (i ? ", " : "") << shape[i];
+  if (ndim != dims) os << (dims ? ", " : "") << "...: ndim " << ndim << " is outside [0, " << kMaxDims << "]";
   os << "] strides [";
-  for (int i = 0; i < ndim; ++i) os << (i ? ", " : "") << stride[i];
+  for (int i = 0; i < dims; ++i) os << (i ? ", " : "") << stride[i];
   os << "] on " << device_name(device);
   if (device != DeviceKind::cpu) os << ":" << device_id;
   return os.str();
