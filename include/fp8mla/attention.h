@@ -24,6 +24,7 @@
 
 #include "fp8mla/cache.h"
 #include "fp8mla/format.h"
+#include "fp8mla/limits.h"
 #include "fp8mla/tensor.h"
 
 namespace fp8mla {
@@ -44,9 +45,10 @@ struct Problem {
   DType q_dtype = DType::bf16;
   DType out_dtype = DType::bf16;
   bool causal = true;
-  float sm_scale = 0.0f;  // finite, > 0 (1/sqrt(192) etc.; the caller folds YaRN in)
+  float sm_scale = 0.0f;  // in (0, kMaxSmScale] (1/sqrt(192) etc.; the caller folds YaRN in)
 
-  std::span<const std::int32_t> qo_indptr;   // [batch + 1], 0-based, non-decreasing
+  // [batch + 1], 0-based, non-decreasing; batch may be 0 (qo_indptr = {0}: nothing to compute).
+  std::span<const std::int32_t> qo_indptr;
   std::span<const std::int32_t> kv_indptr;   // [batch + 1] offsets into kv_indices (pages)
   std::span<const std::int32_t> kv_indices;  // [kv_indptr[batch]] page ids in [0, num_pages)
   std::span<const std::int32_t> kv_len;      // [batch] tokens, <= pages listed * page_size
@@ -211,15 +213,18 @@ class Plan {
 
 // Validates `problem` and builds the plan. Errors (all invalid_argument unless noted), each
 // naming the argument, index and bound: num_heads outside 1..128; page_size not a power of two
-// in 1..128; num_pages < 1; q_dtype / out_dtype other than bf16 or f16 (f16 on CUDA: code
-// unsupported); sm_scale not finite or <= 0; qo_indptr / kv_indptr of the wrong length, not
-// starting at 0 or decreasing; kv_indices (or device_kv_indices: also its dtype, shape, device,
-// and given with kv_indices) outside the pool; borrowed_kv_indices of another dtype or device,
-// not contiguous, shorter than kv_indptr[batch], or given with another page table;
-// kv_len < 0 or > pages listed * page_size; causal with qo_len > kv_len (kv_len = 0 with
-// qo_len > 0 is allowed: those rows get o = 0, lse = -inf); sparse indices outside the pool
-// and not -1; topk < 0 or sparse_indices of the wrong size; a cuda_graph plan whose problem
-// exceeds max_*; unsupported (code unsupported) for DeviceKind::cuda without CUDA.
+// in 1..128; num_pages outside [1, 2^31 - 1]; q_dtype / out_dtype other than bf16 or f16 (f16
+// on CUDA: code unsupported); sm_scale not finite or outside (0, kMaxSmScale]; qo_indptr empty,
+// kv_indptr of the wrong length, either not starting at 0 or decreasing; kv_indptr[batch] !=
+// kv_indices.size(); kv_indices (or device_kv_indices: also its dtype, shape, device, and given
+// with kv_indices) outside the pool; borrowed_kv_indices of another dtype or device, not
+// contiguous, shorter than kv_indptr[batch], or given with another page table; kv_len < 0 or >
+// pages listed * page_size; causal with qo_len > kv_len (kv_len = 0 with qo_len > 0 is allowed:
+// those rows get o = 0, lse = -inf); sparse indices outside the pool and not -1; topk < 0 or
+// sparse_indices of the wrong size; the bounds of fp8mla/limits.h (total_q x num_heads rows,
+// options.sm_count, ctas_per_sm, their product, num_threads, total_q x topk, graph capacities);
+// a cuda_graph plan whose problem exceeds max_*; unsupported (code unsupported) for
+// DeviceKind::cuda without CUDA; out_of_memory when an allocation fails.
 Plan plan(const Problem& problem, const PlanOptions& options = {});
 
 // Graph mode: re-plan `p` (made with cuda_graph = true) for a new batch in place, keeping its
@@ -260,18 +265,25 @@ struct RunArgs {
 
 // Computes attention for the planned batch with the plan's kernel family. Checks (host side,
 // cheap) that every tensor's dtype, shape, innermost stride and device match the plan and the
-// cache view ("plan/run mismatch" errors name the tensor and both values), and, for an
+// cache view ("plan/run mismatch" errors name the tensor and both values), also for a plan of
+// no query tokens (its q and out have 0 rows, any strides), that out and lse have no two
+// elements at one address, that sm_scale x kv scale x log2(e) is a finite float, and, for an
 // fp8_e4m3 CUDA plan made without PlanOptions::any_scale_ratio, that kv.kpe_scale /
-// kv.ckv_scale is a power of two (invalid_argument naming kv.kpe_scale). A plan's workspace is used by one run at
-// a time: do not run one plan concurrently on two streams. CUDA: the kernels are launched as
-// programmatic dependents (PDL) of the kernel before them on `stream`, so their launch overlaps
-// its end when it triggers early; they read q, the cache and sparse indices, and write, only
-// after waiting for it (griddepcontrol.wait), so stream order holds as for plain launches, and
-// they trigger their own dependents only after that wait. The library's CUDA calls (plan,
-// replan, run, merge_states, a CUDA cache, context parallelism) select their device inside and
-// give the calling thread its current device back on return, unless that device has no active
-// context (setting it would create one, ~0.5 GB, on a GPU the process never used; torch's
-// device guard makes the same choice).
+// kv.ckv_scale is a power of two (invalid_argument naming kv.kpe_scale).
+// Shared plans: run() only reads a plan, so runs of one plan may be called from several threads
+// at once. CPU plans: each run keeps its own split-KV workspace, so concurrent runs (into
+// different outputs) are safe and give the single-threaded result. CUDA plans: the split-KV
+// workspace is the plan's device buffer, so its runs must be ordered on the device: one stream,
+// or streams ordered by events (runs on unordered streams are not detected: use one plan per
+// stream). replan() needs the plan to itself (no run in flight on any thread).
+// CUDA: the kernels are launched as programmatic dependents (PDL) of the kernel before them on
+// `stream`, so their launch overlaps its end when it triggers early; they read q, the cache and
+// sparse indices, and write, only after waiting for it (griddepcontrol.wait), so stream order holds
+// as for plain launches, and they trigger their own dependents only after that wait. The library's
+// CUDA calls (plan, replan, run, merge_states, a CUDA cache, context parallelism) select their
+// device inside and give the calling thread its current device back on return, unless that device
+// has no active context (setting it would create one, ~0.5 GB, on a GPU the process never used;
+// torch's device guard makes the same choice).
 void run(const Plan& p, const RunArgs& args);
 
 // Combines partial attention states of the same rows (split-KV, context parallelism):
@@ -280,9 +292,11 @@ void run(const Plan& p, const RunArgs& args);
 //   v_out: f32|bf16 [rows, D]
 //   s_out: optional f32 [rows]
 // Output per row: weights w_i = exp(s_i - max s), v_out = sum w_i v_i / sum w_i, s_out =
-// max s + log(sum w_i). All-empty rows give v_out = 0, s_out = -inf (never NaN). Strides are
-// free (a states-major [num_states, rows, D] buffer is passed as a permuted view). All tensors
-// on one device; CUDA runs on `stream`.
+// max s + log(sum w_i). All-empty rows, and rows of num_states = 0, give v_out = 0,
+// s_out = -inf (never NaN). Strides are free (a states-major [num_states, rows, D] buffer is
+// passed as a permuted view); v_out and s_out may not have two elements at one address. All
+// tensors on one device; CUDA runs on `stream`. Bounds (fp8mla/limits.h): rows <= kMaxRows,
+// num_states <= kMaxMergeStates, D <= kMaxMergeDim, rows x num_states x D <= kMaxMergeValues.
 void merge_states(const TensorView& v, const TensorView& s, const TensorView& v_out,
                   const TensorView& s_out, void* stream = nullptr);
 

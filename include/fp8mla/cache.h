@@ -70,8 +70,9 @@ class PagedLatentCache {
   //   slots: i32 [n]; ckv: bf16|f16|f32 [n, 512]; kpe: same dtype [n, 64]; rows may be strided.
   // All on the cache's device (a CUDA cache takes device tensors and runs on `stream`, a
   // cudaStream_t passed as void*; nullptr = the default stream).
+  // At most capacity_tokens() tokens a call (invalid_argument naming slots.shape[0] beyond).
   // Host caches check every slot (inside the pool and on an allocated page) before writing
-  // anything. A CUDA cache cannot read device slots without a sync, so its kernel skips a slot
+  // anything, and convert one token at a time (no memory grows with n). A CUDA cache cannot read device slots without a sync, so its kernel skips a slot
   // outside the pool (it never writes outside the cache) and does not check allocation.
   // NanPolicy::error is checked on the host only (device append propagates; documented).
   void append(const TensorView& slots, const TensorView& ckv, const TensorView& kpe,

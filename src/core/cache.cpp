@@ -3,6 +3,7 @@
 #include "fp8mla/cache.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <functional>
@@ -106,7 +107,7 @@ struct PagedLatentCache::Impl {
   std::int64_t capacity() const { return config.num_pages * config.page_size; }
 };
 
-PagedLatentCache::PagedLatentCache(const CacheConfig& config) {
+PagedLatentCache::PagedLatentCache(const CacheConfig& config) try {
   check_config(config);
   auto impl = std::make_unique<Impl>();
   impl->config = config;
@@ -129,6 +130,8 @@ PagedLatentCache::PagedLatentCache(const CacheConfig& config) {
   // Ascending order is already a valid min-heap.
   for (std::size_t i = 0; i < num_pages; ++i) impl->free_heap[i] = static_cast<std::int32_t>(i);
   impl_ = std::move(impl);
+} catch (...) {
+  detail::rethrow_as_error("PagedLatentCache");
 }
 
 PagedLatentCache::~PagedLatentCache() = default;
@@ -147,7 +150,7 @@ std::int64_t PagedLatentCache::capacity_tokens() const noexcept {
   return impl_->capacity();
 }
 
-std::vector<std::int32_t> PagedLatentCache::allocate(std::int64_t n) {
+std::vector<std::int32_t> PagedLatentCache::allocate(std::int64_t n) try {
   detail::require(n >= 0, "n", "must be >= 0, got ", n);
   if (n > free_pages()) {
     throw Error(ErrorCode::out_of_memory, "n",
@@ -165,6 +168,8 @@ std::vector<std::int32_t> PagedLatentCache::allocate(std::int64_t n) {
     pages.push_back(page);
   }
   return pages;
+} catch (...) {
+  detail::rethrow_as_error("PagedLatentCache::allocate");
 }
 
 void PagedLatentCache::release(std::span<const std::int32_t> pages) {
@@ -208,10 +213,15 @@ bool PagedLatentCache::is_allocated(std::int32_t page) const {
 }
 
 void PagedLatentCache::append(const TensorView& slots, const TensorView& ckv, const TensorView& kpe,
-                              NanPolicy nan, void* stream) {
+                              NanPolicy nan, void* stream) try {
   const CacheConfig& c = impl_->config;
   detail::check_tensor(slots, "slots", {DType::i32}, {-1}, c.device, c.device_id);
   const std::int64_t n = slots.shape[0];
+  // Each token has its own slot, so a call writes at most the whole pool (a stride-0 view could
+  // otherwise name any number of tokens in a few bytes).
+  const std::int64_t capacity = impl_->capacity();
+  detail::require(n <= capacity, "slots.shape[0]", n, " tokens exceed the pool's ", capacity,
+                  " slots");
   detail::check_tensor(ckv, "ckv", {DType::bf16, DType::f16, DType::f32}, {n, kDimCkv}, c.device,
                        c.device_id);
   detail::check_tensor(kpe, "kpe", {ckv.dtype}, {n, kDimKpe}, c.device, c.device_id);
@@ -224,29 +234,34 @@ void PagedLatentCache::append(const TensorView& slots, const TensorView& ckv, co
     return;
   }
 
-  // Host: check every slot, then convert (and under NanPolicy::error check) every value, and
-  // only then write, so a rejected call leaves the cache as it was.
+  // Host: check every slot, then (under NanPolicy::error) every value, and only then write, so a
+  // rejected call leaves the cache as it was. Rows are converted one at a time: the memory used
+  // does not grow with n.
   const auto* slot_data = slots.as<const std::int32_t>();
-  const std::int64_t capacity = impl_->capacity();
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t slot = slot_data[i * slots.stride[0]];
-    const std::string name = detail::msg("slots[", i, "]");
-    detail::require(slot >= 0 && slot < capacity, name, "= ", slot, " is outside the pool [0, ",
-                    capacity, ")");
+    if (slot < 0 || slot >= capacity) {
+      detail::require(false, detail::msg("slots[", i, "]"), "= ", slot, " is outside the pool [0, ",
+                      capacity, ")");
+    }
     const auto page = static_cast<std::int32_t>(slot / c.page_size);
-    detail::require(impl_->allocated[static_cast<std::size_t>(page)] != 0, name, "= ", slot,
-                    " is on page ", page, ", which is not allocated");
+    if (impl_->allocated[static_cast<std::size_t>(page)] == 0) {
+      detail::require(false, detail::msg("slots[", i, "]"), "= ", slot, " is on page ", page,
+                      ", which is not allocated");
+    }
   }
-  std::vector<float> values(static_cast<std::size_t>(n) * kDimQk);
-  for (std::int64_t i = 0; i < n; ++i) {
-    float* row = values.data() + i * kDimQk;
+  std::array<float, kDimQk> row;
+  const auto load_row = [&](std::int64_t i) {
     for (int j = 0; j < kDimCkv; ++j) {
       row[j] = load_as_float(ckv.data, ckv.dtype, i * ckv.stride[0] + j);
     }
     for (int j = 0; j < kDimKpe; ++j) {
       row[kDimCkv + j] = load_as_float(kpe.data, kpe.dtype, i * kpe.stride[0] + j);
     }
-    if (nan == NanPolicy::error) {
+  };
+  if (nan == NanPolicy::error) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      load_row(i);
       for (int j = 0; j < kDimQk; ++j) {
         if (!std::isnan(row[j])) continue;
         const bool in_ckv = j < kDimCkv;
@@ -260,10 +275,13 @@ void PagedLatentCache::append(const TensorView& slots, const TensorView& ckv, co
   std::uint8_t* base = impl_->base();
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t slot = slot_data[i * slots.stride[0]];
-    encode_token(c.format, c.scale, std::span<const float>(values.data() + i * kDimQk, kDimQk),
+    load_row(i);
+    encode_token(c.format, c.scale, row,
                  std::span<std::uint8_t>(base + slot * tb, static_cast<std::size_t>(tb)),
                  NanPolicy::propagate);
   }
+} catch (...) {
+  detail::rethrow_as_error("PagedLatentCache::append");
 }
 
 TensorView PagedLatentCache::storage() const noexcept {

@@ -12,8 +12,7 @@ void check_rank(const TensorView& t, const std::string& name) {
   require(t.ndim >= 0 && t.ndim <= kMaxDims, name + ".ndim", t.ndim, " is outside [0, ", kMaxDims,
           "]");
   for (int i = 0; i < t.ndim; ++i) {
-    require(t.shape[i] >= 0, msg(name, ".shape[", i, "]"), "extent ", t.shape[i],
-            " is negative");
+    require(t.shape[i] >= 0, msg(name, ".shape[", i, "]"), "extent ", t.shape[i], " is negative");
   }
 }
 
@@ -97,9 +96,9 @@ void rethrow_as_error(const char* function) {
   } catch (const std::bad_alloc&) {
     throw Error(ErrorCode::out_of_memory, function, "a host memory allocation failed");
   } catch (const std::length_error& e) {
-    throw Error(ErrorCode::out_of_memory, function,
-                msg("a host allocation larger than a container can hold was asked for (",
-                    e.what(), ")"));
+    throw Error(
+        ErrorCode::out_of_memory, function,
+        msg("a host allocation larger than a container can hold was asked for (", e.what(), ")"));
   } catch (const std::exception& e) {
     throw Error(ErrorCode::internal, function, msg("unexpected exception: ", e.what()));
   } catch (...) {

@@ -11,6 +11,7 @@
 #include "src/core/context_parallel_run.h"
 #include "src/core/nccl.h"
 #include "src/core/plan_state.h"
+#include "src/core/validate.h"
 
 namespace fp8mla {
 
@@ -19,23 +20,29 @@ using detail::nccl;
 using detail::nccl_check;
 using detail::require;
 
-void shard_context(const Problem& full, int rank, int world, ContextShard& shard) {
+void shard_context(const Problem& full, int rank, int world, ContextShard& shard) try {
   require(world >= 1, "world", "must be >= 1, got ", world);
   require(rank >= 0 && rank < world, "rank", rank, " is outside [0, ", world, ")");
   require(full.topk == 0, "problem.topk",
           "sparse problems index global slots; shard them by filtering the indices");
-  require(full.page_size >= 1, "problem.page_size", "must be >= 1, got ", full.page_size);
   require(!full.device_kv_indices.defined(), "problem.device_kv_indices",
           "context parallelism shards the page table on the host: give kv_indices");
+  require(!full.borrowed_kv_indices.defined(), "problem.borrowed_kv_indices",
+          "context parallelism copies each rank's share of the page table: give kv_indices");
   require(!full.borrowed_kv_indices.defined(), "problem.borrowed_kv_indices",
           "context parallelism shards the page table on the host: give kv_indices");
   require(full.causal_len.empty(), "problem.causal_len",
           "is what shard_context sets; shard the full problem, not a shard");
-  const std::size_t batch = full.qo_indptr.empty() ? 0 : full.qo_indptr.size() - 1;
-  require(full.kv_indptr.size() == batch + 1, "problem.kv_indptr", "expected ", batch + 1,
-          " entries, got ", full.kv_indptr.size());
-  require(full.kv_len.size() == batch, "problem.kv_len", "expected ", batch, " entries, got ",
-          full.kv_len.size());
+  // plan()'s checks of everything read below (offsets from 0, non-decreasing and within
+  // kv_indices, kv_len within the pages listed, causal qo_len <= kv_len), but not the page ids:
+  // the full table may name pages of other ranks' pools. Each shard's plan checks its own.
+  try {
+    detail::validate_scalars(full);
+    detail::validate_arrays(full, PlanOptions{}, /*page_ids=*/false);
+  } catch (const Error& e) {
+    detail::rethrow_with_prefix(e, "problem.");
+  }
+  const std::size_t batch = full.qo_indptr.size() - 1;
   shard.qo_indptr.assign(full.qo_indptr.begin(), full.qo_indptr.end());
   shard.kv_indptr.assign(1, 0);
   shard.kv_indices.clear();
@@ -43,15 +50,7 @@ void shard_context(const Problem& full, int rank, int world, ContextShard& shard
   shard.causal_len.clear();
   for (std::size_t r = 0; r < batch; ++r) {
     const std::int64_t len = full.kv_len[r], ps = full.page_size;
-    const std::int64_t listed = full.kv_indptr[r + 1] - full.kv_indptr[r];
-    const std::int64_t pages = (len + ps - 1) / ps;
-    require(len >= 0 && pages <= listed, detail::msg("problem.kv_len[", r, "]"), len,
-            " tokens need ", pages, " pages but ", listed, " are listed");
-    // plan()'s causal rule for the whole request (a shard's own length may be shorter).
-    if (full.causal) {
-      detail::require_causal_fits("problem.kv_len", static_cast<std::int64_t>(r), len,
-                                  full.qo_indptr[r + 1] - full.qo_indptr[r]);
-    }
+    const std::int64_t pages = (len + ps - 1) / ps;  // <= the pages listed (validated)
     const std::int64_t per = (pages + world - 1) / world;
     const std::int64_t first = std::min(pages, rank * per), last = std::min(pages, first + per);
     for (std::int64_t p = first; p < last; ++p)
@@ -69,6 +68,8 @@ void shard_context(const Problem& full, int rank, int world, ContextShard& shard
   shard.problem.kv_indices = shard.kv_indices;
   shard.problem.kv_len = shard.kv_len;
   if (full.causal) shard.problem.causal_len = shard.causal_len;
+} catch (...) {
+  detail::rethrow_as_error("shard_context");
 }
 
 // ---- NcclComm ----
@@ -157,7 +158,7 @@ const NcclComm& ContextParallelPlan::comm() const {
 }
 
 ContextParallelPlan plan_context_parallel(const Problem& full, const NcclComm& comm,
-                                          const PlanOptions& options) {
+                                          const PlanOptions& options) try {
   require(full.device == DeviceKind::cuda, "problem.device",
           "context parallelism exchanges over NCCL: expected cuda, got ", device_name(full.device));
   require(full.device_id == comm.device_id(), "problem.device_id", full.device_id,
@@ -175,9 +176,11 @@ ContextParallelPlan plan_context_parallel(const Problem& full, const NcclComm& c
   s.out = detail::DeviceMemory(bytes * kDimCkv * 2, comm.device_id());
   s.lse = detail::DeviceMemory(bytes * 4, comm.device_id());
   return cp;
+} catch (...) {
+  detail::rethrow_as_error("plan_context_parallel");
 }
 
-void replan_context_parallel(ContextParallelPlan& plan, const Problem& full) {
+void replan_context_parallel(ContextParallelPlan& plan, const Problem& full) try {
   ContextParallelPlan::State& s = plan.state();
   require(std::equal(full.qo_indptr.begin(), full.qo_indptr.end(), s.qo_indptr.begin(),
                      s.qo_indptr.end()),
@@ -187,6 +190,8 @@ void replan_context_parallel(ContextParallelPlan& plan, const Problem& full) {
   shard_context(full, s.comm->rank(), s.comm->world(), *next);
   replan(s.local, next->problem);  // a failed replan leaves the plan, and its shard, as they were
   s.shard = std::move(next);
+} catch (...) {
+  detail::rethrow_as_error("replan_context_parallel");
 }
 
 namespace detail {
@@ -194,7 +199,8 @@ namespace detail {
 void run_sharded(const Plan& local, int rank, int world, const ExchangeBuffers& x,
                  const RunArgs& args, const AllGather& all_gather) {
   const std::int64_t tq = local.total_q(), h = local.num_heads(), rows = x.rows;
-  if (tq == 0) return;
+  // No query tokens: nothing to exchange; run() still checks the arguments (of 0 rows).
+  if (tq == 0) return run(local, args);
   const DeviceKind device = local.device();
   const int dev = local.state().device_id;
   check_tensor(args.out, "out", {DType::bf16}, {tq, h, kDimCkv}, device, dev);
@@ -227,7 +233,7 @@ void run_sharded(const Plan& local, int rank, int world, const ExchangeBuffers& 
 
 }  // namespace detail
 
-void run_context_parallel(const ContextParallelPlan& plan, const RunArgs& args) {
+void run_context_parallel(const ContextParallelPlan& plan, const RunArgs& args) try {
   const ContextParallelPlan::State& s = plan.state();
   const detail::ExchangeBuffers x{s.out.as<std::uint16_t>(), s.lse.as<float>(), s.rows};
   // In place: each rank's send buffer is its own slot of the receive buffer.
@@ -247,6 +253,8 @@ void run_context_parallel(const ContextParallelPlan& plan, const RunArgs& args) 
     nccl_check(gathered_lse, "ncclAllGather(lse)");
   };
   detail::run_sharded(s.local, s.comm->rank(), s.comm->world(), x, args, nccl_all_gather);
+} catch (...) {
+  detail::rethrow_as_error("run_context_parallel");
 }
 
 }  // namespace fp8mla

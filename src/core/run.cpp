@@ -1,10 +1,12 @@
 // run(), merge_states() and the build facts (include/fp8mla/attention.h): host-side checks of
 // the arguments against the plan, then dispatch to the plan's backend.
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "fp8mla/attention.h"
 #include "fp8mla/error.h"
+#include "fp8mla/limits.h"
 #include "src/core/backend.h"
 #include "src/core/check.h"
 #include "src/core/dispatch.h"
@@ -20,6 +22,17 @@ namespace {
 using detail::check_tensor;
 using detail::PlanState;
 using detail::require;
+
+// The fp8_e4m3 cache's scale: a code of 448 decodes to a finite float, and the CUDA kernels'
+// score factor sm_scale x scale x log2(e) is a finite float too.
+void check_cache_scale(float scale, float sm_scale, const char* name) {
+  constexpr double kMaxFloat = std::numeric_limits<float>::max();
+  require(std::isfinite(scale) && scale > 0.0f && double{scale} * kFp8Max <= kMaxFloat, name, scale,
+          " must be finite and > 0, and at most FLT_MAX / 448 (codes times it stay finite)");
+  const double factor = double{sm_scale} * scale * 1.4426950408889634;
+  require(factor <= kMaxFloat, name, "sm_scale x ", name, " x log2(e) = ", factor,
+          " overflows float (sm_scale ", sm_scale, ")");
+}
 
 // The cache view: its format as planned, and each half with the dtype and
 // [num_pages, page_size, width] shape that format stores.
@@ -39,10 +52,8 @@ void check_cache(const PlanState& s, const KvCacheView& kv) {
                    s.device_id);
       check_tensor(kv.kpe, "kv.kpe", {DType::fp8_e4m3, DType::u8}, {pages, page, kDimKpe}, s.device,
                    s.device_id);
-      require(std::isfinite(kv.ckv_scale) && kv.ckv_scale > 0.0f, "kv.ckv_scale", kv.ckv_scale,
-              " must be finite and > 0");
-      require(std::isfinite(kv.kpe_scale) && kv.kpe_scale > 0.0f, "kv.kpe_scale", kv.kpe_scale,
-              " must be finite and > 0");
+      check_cache_scale(kv.ckv_scale, s.sm_scale, "kv.ckv_scale");
+      check_cache_scale(kv.kpe_scale, s.sm_scale, "kv.kpe_scale");
       // The plan's family was chosen for this ratio class (src/core/dispatch.h).
       require(s.device != DeviceKind::cuda || s.options.any_scale_ratio ||
                   detail::pow2_scale_ratio(s.sm_scale, kv.ckv_scale, kv.kpe_scale),
@@ -57,20 +68,6 @@ void check_cache(const PlanState& s, const KvCacheView& kv) {
       return;
   }
   require(false, "kv.format", "unknown KvFormat value ", static_cast<int>(kv.format));
-}
-
-// Like check_tensor, but any non-negative innermost stride: lse values are read one at a time,
-// so a states-major buffer passed as a permuted view is fine.
-void check_any_stride(const TensorView& t, const std::string& name,
-                      std::initializer_list<std::int64_t> shape, DeviceKind device, int device_id) {
-  TensorView inner_unit = t;
-  const bool ranked = t.ndim >= 1 && t.ndim <= kMaxDims;
-  if (ranked) {
-    require(t.stride[t.ndim - 1] >= 0, detail::msg(name, ".stride[", t.ndim - 1, "]"),
-            "negative strides are not supported");
-    inner_unit.stride[t.ndim - 1] = 1;
-  }
-  check_tensor(inner_unit, name, {DType::f32}, shape, device, device_id);
 }
 
 // The page ids a CPU run reads from a borrowed table (Problem::borrowed_kv_indices), checked at
@@ -89,17 +86,18 @@ void check_borrowed_ids(const PlanState& s) {
 
 }  // namespace
 
-void run(const Plan& p, const RunArgs& args) {
+void run(const Plan& p, const RunArgs& args) try {
   PlanState& s = p.state();
-  // A batch whose requests have no query tokens has nothing to compute or write.
-  if (s.total_q == 0) return;
+  // Checked even when there is nothing to compute: a batch of no query tokens takes q and out of
+  // 0 rows (any strides), so a caller's q of 5 tokens is a mismatch, not 5 rows left unwritten.
   const std::int64_t tq = s.total_q;
   const std::int64_t h = s.num_heads;
   check_tensor(args.q_nope, "q_nope", {s.q_dtype}, {tq, h, kDimCkv}, s.device, s.device_id);
   check_tensor(args.q_pe, "q_pe", {s.q_dtype}, {tq, h, kDimKpe}, s.device, s.device_id);
-  check_tensor(args.out, "out", {s.out_dtype}, {tq, h, kDimCkv}, s.device, s.device_id);
+  check_tensor(args.out, "out", {s.out_dtype}, {tq, h, kDimCkv}, s.device, s.device_id,
+               detail::kOutput);
   if (args.lse.defined()) {
-    check_tensor(args.lse, "lse", {DType::f32}, {tq, h}, s.device, s.device_id);
+    check_tensor(args.lse, "lse", {DType::f32}, {tq, h}, s.device, s.device_id, detail::kOutput);
   }
   check_cache(s, args.kv);
   if (args.sparse_indices.defined()) {
@@ -107,6 +105,8 @@ void run(const Plan& p, const RunArgs& args) {
     check_tensor(args.sparse_indices, "sparse_indices", {DType::i32}, {tq, s.topk}, s.device,
                  s.device_id);
   }
+  // A batch whose requests have no query tokens has nothing to compute or write.
+  if (s.total_q == 0) return;
 
   if (s.device == DeviceKind::cpu && s.borrowed_kv_indices.defined()) check_borrowed_ids(s);
 
@@ -118,10 +118,12 @@ void run(const Plan& p, const RunArgs& args) {
   } else {
     detail::cpu_run(s, args);
   }
+} catch (...) {
+  detail::rethrow_as_error("run");
 }
 
 void merge_states(const TensorView& v, const TensorView& s, const TensorView& v_out,
-                  const TensorView& s_out, void* stream) {
+                  const TensorView& s_out, void* stream) try {
   // Every tensor lives where v does.
   const DeviceKind device = v.device;
   const int id = v.device_id;
@@ -129,11 +131,24 @@ void merge_states(const TensorView& v, const TensorView& s, const TensorView& v_
   const std::int64_t rows = v.shape[0];
   const std::int64_t states = v.shape[1];
   const std::int64_t dim = v.shape[2];
-  require(states >= 1, "v.shape[1]", "num_states must be >= 1, got ", states);
-  require(dim >= 1, "v.shape[2]", "D must be >= 1, got ", dim);
-  check_any_stride(s, "s", {rows, states}, device, id);
-  check_tensor(v_out, "v_out", {DType::f32, DType::bf16}, {rows, dim}, device, id);
-  if (s_out.defined()) check_any_stride(s_out, "s_out", {rows}, device, id);
+  // The work is rows x states x D values whatever memory backs them (stride 0 repeats one).
+  require(rows <= kMaxRows, "v.shape[0]", "rows ", rows, " exceed the bound ", kMaxRows,
+          " (fp8mla/limits.h)");
+  require(states <= kMaxMergeStates, "v.shape[1]", "num_states ", states, " exceeds the bound ",
+          kMaxMergeStates, " (fp8mla/limits.h)");
+  require(dim <= kMaxMergeDim, "v.shape[2]", "D ", dim, " exceeds the bound ", kMaxMergeDim,
+          " (fp8mla/limits.h)");
+  require(rows * states * dim <= kMaxMergeValues, "v", "rows x num_states x D = ", rows, " x ",
+          states, " x ", dim, " = ", rows * states * dim, " values exceed the bound ",
+          kMaxMergeValues, " (fp8mla/limits.h)");
+  check_tensor(s, "s", {DType::f32}, {rows, states}, device, id, detail::kAnyInnerStride);
+  check_tensor(v_out, "v_out", {DType::f32, DType::bf16}, {rows, dim}, device, id, detail::kOutput);
+  if (s_out.defined()) {
+    check_tensor(s_out, "s_out", {DType::f32}, {rows}, device, id,
+                 detail::kOutput | detail::kAnyInnerStride);
+  }
+  // No rows: nothing to write. No states (or D = 0): each row merges nothing, v_out = 0 and
+  // s_out = -inf, as for rows whose states are all empty.
   if (rows == 0) return;
 
   if (device == DeviceKind::cuda) {
@@ -142,6 +157,8 @@ void merge_states(const TensorView& v, const TensorView& s, const TensorView& v_
   } else {
     detail::cpu_merge_states(v, s, v_out, s_out);
   }
+} catch (...) {
+  detail::rethrow_as_error("merge_states");
 }
 
 bool cuda_available() {

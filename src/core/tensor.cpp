@@ -96,7 +96,8 @@ std::string TensorView::describe() const {
   os << dtype_name(dtype) << "[";
   const int dims = dims_of(*this);
   for (int i = 0; i < dims; ++i) os << (i ? ", " : "") << shape[i];
-  if (ndim != dims) os << (dims ? ", " : "") << "...: ndim " << ndim << " is outside [0, " << kMaxDims << "]";
+  if (ndim != dims)
+    os << (dims ? ", " : "") << "...: ndim " << ndim << " is outside [0, " << kMaxDims << "]";
   os << "] strides [";
   for (int i = 0; i < dims; ++i) os << (i ? ", " : "") << stride[i];
   os << "] on " << device_name(device);
