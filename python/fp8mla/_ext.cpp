@@ -2,11 +2,13 @@
 //
 // Tensors come in through DLPack (nb::ndarray without constraints: numpy on the CPU, torch or
 // cupy on CUDA) and become fp8mla::TensorView with element strides and the array's device. This
-// layer checks only what DLPack itself can get wrong (unknown dtype or device, more than 4 dims);
-// shapes, strides and dtypes per argument are the library's checks, so messages are the same in
-// C++ and Python. fp8mla::Error becomes ValueError (ErrorCode::invalid_argument) or RuntimeError
-// (everything else) with the same message. plan(), run(), merge_states() and append() release
-// the GIL while the library works. The Python package (fp8mla/*.py) allocates outputs and maps
+// layer checks only what DLPack itself can get wrong (unknown dtype or device, more than 4 dims)
+// and the Python types of scalar arguments (TypeError naming the argument; an integer beyond the
+// C++ type is a ValueError, never truncated); shapes, strides and dtypes per argument are the
+// library's checks, so messages are the same in C++ and Python. fp8mla::Error becomes ValueError
+// (ErrorCode::invalid_argument), OutOfMemoryError (out_of_memory: a MemoryError and a
+// RuntimeError) or RuntimeError (everything else) with the same message. plan(), run(),
+// merge_states() and append() release the GIL while the library works. The Python package (fp8mla/*.py) allocates outputs and maps
 // framework dtypes (torch.float8_e4m3fn, ml_dtypes.bfloat16) before calling in here.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -16,6 +18,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <span>
 #include <string>
 #include <tuple>
@@ -132,6 +135,56 @@ class Args {
   std::vector<ArrayRw> rw_;
 };
 
+// An integer argument as T: TypeError naming it unless it is a Python integer (or has
+// __index__; not bool or float), ValueError when it does not fit in T.
+template <class T>
+T int_arg(nb::handle h, const std::string& name) {
+  PyObject* o = h.ptr();
+  if (PyBool_Check(o) || !PyIndex_Check(o))
+    throw nb::type_error(
+        (name + ": expected an integer, got " + nb::type_name(h.type()).c_str()).c_str());
+  nb::object index = nb::steal(PyNumber_Index(o));
+  if (!index.is_valid()) throw nb::python_error();
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+  if (overflow == 0 && v == -1 && PyErr_Occurred()) throw nb::python_error();
+  if (overflow != 0 || v < static_cast<long long>(std::numeric_limits<T>::min()) ||
+      v > static_cast<long long>(std::numeric_limits<T>::max()))
+    bad(name, nb::str(h).c_str() + std::string(" is outside [") +
+                  std::to_string(std::numeric_limits<T>::min()) + ", " +
+                  std::to_string(std::numeric_limits<T>::max()) + "]");
+  return static_cast<T>(v);
+}
+
+// A real argument: TypeError naming it unless it is a Python number (not bool or str).
+float real_arg(nb::handle h, const std::string& name) {
+  PyObject* o = h.ptr();
+  if (PyBool_Check(o) || !(PyFloat_Check(o) || PyLong_Check(o) || PyNumber_Check(o)) ||
+      PyUnicode_Check(o))
+    throw nb::type_error(
+        (name + ": expected a number, got " + nb::type_name(h.type()).c_str()).c_str());
+  const double v = PyFloat_AsDouble(o);
+  if (v == -1.0 && PyErr_Occurred()) throw nb::python_error();
+  return static_cast<float>(v);  // beyond float's range: +-inf, which the library rejects
+}
+
+// A string argument: TypeError naming it otherwise.
+std::string str_arg(nb::handle h, const std::string& name) {
+  std::string v;
+  if (!nb::try_cast(h, v, false))
+    throw nb::type_error(
+        (name + ": expected a string, got " + nb::type_name(h.type()).c_str()).c_str());
+  return v;
+}
+
+// A bool argument: True or False only.
+bool flag_arg(nb::handle h, const std::string& name) {
+  if (!PyBool_Check(h.ptr()))
+    throw nb::type_error(
+        (name + ": expected a bool, got " + nb::type_name(h.type()).c_str()).c_str());
+  return h.ptr() == Py_True;
+}
+
 // A host, contiguous array of `dtype` read as a flat span (None gives an empty span).
 template <class T>
 std::span<T> host_span(const TensorView& v, const std::string& name, DType dtype) {
@@ -176,17 +229,18 @@ void fill_problem(ProblemArgs& pa, const nb::tuple& a) {
   const nb::handle qo_indptr = a[0], kv_indptr = a[1], kv_indices = a[2], kv_len = a[3];
   const nb::handle sparse_indices = a[11], causal_len = a[12];
   fp8mla::Problem& p = pa.problem;
-  p.num_heads = nb::cast<int>(a[4]);
-  p.page_size = nb::cast<int>(a[5]);
-  p.num_pages = nb::cast<std::int64_t>(a[6]);
-  p.kv_format = nb::cast<KvFormat>(a[7]);
-  p.causal = nb::cast<bool>(a[8]);
-  p.sm_scale = nb::cast<float>(a[9]);
-  p.topk = nb::cast<int>(a[10]);
-  p.device = parse_device(nb::cast<std::string>(a[13]));
-  p.device_id = nb::cast<int>(a[14]);
-  p.q_dtype = parse_q_dtype(nb::cast<std::string>(a[15]), "q_dtype");
-  p.out_dtype = parse_q_dtype(nb::cast<std::string>(a[16]), "out_dtype");
+  p.num_heads = int_arg<int>(a[4], "num_heads");
+  p.page_size = int_arg<int>(a[5], "page_size");
+  p.num_pages = int_arg<std::int64_t>(a[6], "num_pages");
+  if (!nb::try_cast(a[7], p.kv_format, false))
+    throw nb::type_error("kv_format: expected a fp8mla.KvFormat");
+  p.causal = flag_arg(a[8], "causal");
+  p.sm_scale = real_arg(a[9], "sm_scale");
+  p.topk = int_arg<int>(a[10], "topk");
+  p.device = parse_device(str_arg(a[13], "device"));
+  p.device_id = int_arg<int>(a[14], "device_id");
+  p.q_dtype = parse_q_dtype(str_arg(a[15], "q_dtype"), "q_dtype");
+  p.out_dtype = parse_q_dtype(str_arg(a[16], "out_dtype"), "out_dtype");
   p.borrowed_kv_indices = pa.keep.in(a[17], "borrowed_kv_indices");
   p.qo_indptr =
       host_span<const std::int32_t>(pa.keep.in(qo_indptr, "qo_indptr"), "qo_indptr", DType::i32);
@@ -209,20 +263,27 @@ void fill_problem(ProblemArgs& pa, const nb::tuple& a) {
 // fp8mla::PlanOptions from the dict the Python layer builds (api._plan_options: every key).
 fp8mla::PlanOptions plan_options(const nb::dict& d) {
   fp8mla::PlanOptions o;
-  o.sm_count = nb::cast<int>(d["sm_count"]);
-  o.ctas_per_sm = nb::cast<int>(d["ctas_per_sm"]);
-  o.min_chunk_tokens = nb::cast<int>(d["min_chunk_tokens"]);
-  o.num_threads = nb::cast<int>(d["num_threads"]);
-  o.cpu_reference = nb::cast<bool>(d["cpu_reference"]);
-  o.cuda_graph = nb::cast<bool>(d["cuda_graph"]);
-  o.max_batch = nb::cast<int>(d["max_batch"]);
-  o.max_total_q = nb::cast<int>(d["max_total_q"]);
-  o.max_kv_indices = nb::cast<std::int64_t>(d["max_kv_indices"]);
-  o.max_qo_len = nb::cast<int>(d["max_qo_len"]);
-  o.exact_scores = nb::cast<bool>(d["exact_scores"]);
-  o.max_tile_rows = nb::cast<int>(d["max_tile_rows"]);
-  o.any_scale_ratio = nb::cast<bool>(d["any_scale_ratio"]);
-  o.kernel_family = fp8mla::parse_kernel_family(nb::cast<std::string>(d["kernel_family"]));
+  const auto get = [&](const char* key) {
+    if (!d.contains(key)) bad(key, "missing from the options dict (api._plan_options)");
+    return d[key];
+  };
+  o.sm_count = int_arg<int>(get("sm_count"), "sm_count");
+  o.ctas_per_sm = int_arg<int>(get("ctas_per_sm"), "ctas_per_sm");
+  o.min_chunk_tokens = int_arg<int>(get("min_chunk_tokens"), "min_chunk_tokens");
+  o.num_threads = int_arg<int>(get("num_threads"), "num_threads");
+  o.cpu_reference = flag_arg(get("cpu_reference"), "cpu_reference");
+  o.cuda_graph = flag_arg(get("cuda_graph"), "cuda_graph");
+  o.max_batch = int_arg<int>(get("max_batch"), "max_batch");
+  o.max_total_q = int_arg<int>(get("max_total_q"), "max_total_q");
+  o.max_kv_indices = int_arg<std::int64_t>(get("max_kv_indices"), "max_kv_indices");
+  o.max_qo_len = int_arg<int>(get("max_qo_len"), "max_qo_len");
+  o.exact_scores = flag_arg(get("exact_scores"), "exact_scores");
+  o.max_tile_rows = int_arg<int>(get("max_tile_rows"), "max_tile_rows");
+  o.any_scale_ratio = flag_arg(get("any_scale_ratio"), "any_scale_ratio");
+  std::string family;
+  if (!nb::try_cast(get("kernel_family"), family, false))
+    throw nb::type_error("kernel_family: expected a string");
+  o.kernel_family = fp8mla::parse_kernel_family(family);
   return o;
 }
 
@@ -262,13 +323,18 @@ void def_replan(nb::module_& m, const char* name) {
       "plan"_a, "problem"_a);
 }
 
+// fp8mla.OutOfMemoryError: ErrorCode::out_of_memory, both a MemoryError and (as before) a
+// RuntimeError. Made in NB_MODULE.
+PyObject* out_of_memory_error = nullptr;
+
 void translate_error(const std::exception_ptr& e, void*) {
   try {
     std::rethrow_exception(e);
   } catch (const Error& err) {
-    PyErr_SetString(
-        err.code() == ErrorCode::invalid_argument ? PyExc_ValueError : PyExc_RuntimeError,
-        err.what());
+    PyObject* type = err.code() == ErrorCode::invalid_argument ? PyExc_ValueError
+                     : err.code() == ErrorCode::out_of_memory  ? out_of_memory_error
+                                                               : PyExc_RuntimeError;
+    PyErr_SetString(type, err.what());
   }
 }
 
@@ -282,6 +348,17 @@ NanPolicy parse_nan(const std::string& nan) {
 
 NB_MODULE(_fp8mla, m) {
   m.doc() = "fp8mla native module (use the fp8mla package, not this module directly)";
+  {
+    nb::object bases = nb::make_tuple(nb::handle(PyExc_MemoryError),
+                                      nb::handle(PyExc_RuntimeError));
+    out_of_memory_error = PyErr_NewExceptionWithDoc(
+        "fp8mla.OutOfMemoryError",
+        "fp8mla ran out of memory (ErrorCode::out_of_memory): a pool, host or device allocation "
+        "could not be satisfied. A MemoryError and a RuntimeError.",
+        bases.ptr(), nullptr);
+    if (out_of_memory_error == nullptr) throw nb::python_error();
+    m.attr("OutOfMemoryError") = nb::handle(out_of_memory_error);
+  }
   nb::register_exception_translator(&translate_error);
 
   m.attr("DIM_CKV") = fp8mla::kDimCkv;

@@ -8,6 +8,7 @@ argument belongs to.
 
 import array
 import math
+import operator
 import sys
 
 LOG2E = 1.4426950408889634  # log2(e): FlashInfer's LSE is base 2 (lse2 = lse_e * LOG2E)
@@ -91,7 +92,7 @@ def parse_device(device):
     if device is None:
         return ("cpu", 0)
     if isinstance(device, tuple):
-        return (str(device[0]), int(device[1]))
+        return (str(device[0]), as_int(device[1], "device index", 0))
     if isinstance(device, int) and not isinstance(device, bool):
         return ("cuda", device)
     torch = torch_module()
@@ -156,6 +157,10 @@ def host_i32(x, name, ndim=1):
         t = _torch_i32(x, name, ndim, "cpu")
         np = numpy_module()
         return t.numpy() if np is not None else t
+    if isinstance(x, (str, bytes, dict, set)) or not (
+            hasattr(x, "__len__") or hasattr(x, "__array__") or hasattr(x, "__dlpack__")):
+        raise TypeError(f"{name}: expected an index array (numpy, torch, a sequence of ints), "
+                        f"got {type(x).__name__}")
     np = numpy_module()
     if np is None:
         if ndim != 1:
@@ -243,14 +248,70 @@ def to_log2_inplace(lse):
     return lse
 
 
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def _is_bool(x):
+    """True for Python's and numpy's booleans (numpy.bool_ is no int subclass)."""
+    np = sys.modules.get("numpy")
+    return isinstance(x, bool) or (np is not None and isinstance(x, np.bool_))
+
+
+def as_int(x, name, lo=INT32_MIN, hi=INT32_MAX):
+    """``x`` as a Python int in [lo, hi] (default: int32): TypeError naming ``name`` unless it is
+    an integer (int, numpy integer, anything with __index__; not bool, float or str: 2.9 is not
+    truncated to 2), ValueError when it is outside [lo, hi] (no silent wrap to 32 bits)."""
+    if _is_bool(x):
+        raise TypeError(f"{name}: expected an integer, got {type(x).__name__} {x!r}")
+    try:
+        v = operator.index(x)
+    except TypeError:
+        raise TypeError(f"{name}: expected an integer, got {type(x).__name__} {x!r}") from None
+    if v < lo or v > hi:
+        raise ValueError(f"{name}: {v} is outside [{lo}, {hi}]")
+    return v
+
+
+def as_real(x, name):
+    """``x`` as a Python float: TypeError naming ``name`` unless it is a real number (int, float,
+    numpy scalar, a one-element tensor; not bool or str). Range checks are the library's."""
+    if isinstance(x, (str, bytes)) or x is None or _is_bool(x):
+        raise TypeError(f"{name}: expected a number, got {type(x).__name__} {x!r}")
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}: expected a number, got {type(x).__name__} {x!r}") from None
+
+
+def as_flag(x, name):
+    """``x`` as a bool: True / False (Python or numpy) or the integers 0 and 1; TypeError naming
+    ``name`` otherwise (the string "False" must not read as True)."""
+    if _is_bool(x):
+        return bool(x)
+    try:
+        v = operator.index(x)
+    except TypeError:
+        raise TypeError(f"{name}: expected a bool, got {type(x).__name__} {x!r}") from None
+    if v not in (0, 1):
+        raise ValueError(f"{name}: expected a bool (or 0 / 1), got {v}")
+    return bool(v)
+
+
+def as_str(x, name, choices):
+    """``x`` when it is one of the strings ``choices``: TypeError for a non-string, ValueError
+    for another string (both naming ``name``)."""
+    if not isinstance(x, str):
+        raise TypeError(f"{name}: expected a string, got {type(x).__name__} {x!r}")
+    if x not in choices:
+        raise ValueError(f"{name}: expected one of {', '.join(repr(c) for c in choices)}, got {x!r}")
+    return x
+
+
 def as_float(x, name):
     """A Python float from a number or a one-element tensor/array (a host sync for GPU data)."""
     if x is None:
         return None
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name}: expected a number or a one-element tensor, got {x!r}") from None
+    v = as_real(x, name)  # TypeError for a string, a bool, None or an object that is no number
     if not math.isfinite(v) or v <= 0.0:
         raise ValueError(f"{name}: {v} must be finite and > 0")
     return v

@@ -3,9 +3,11 @@
 These mirror include/fp8mla/*.h one to one. Arrays: numpy on the CPU backend; torch (or cupy)
 tensors on either backend. bf16 data travels as torch.bfloat16, as ml_dtypes.bfloat16, or as
 uint16 arrays holding the bf16 bits (numpy has no bfloat16); FP8 data as torch.float8_e4m3fn,
-ml_dtypes.float8_e4m3fn or uint8 bytes. Errors: ValueError for bad input (the message names the
-argument, the index and the bound, exactly as the C++ library words it), RuntimeError for
-everything else (no CUDA in this build, out of memory, a CUDA error).
+ml_dtypes.float8_e4m3fn or uint8 bytes. Errors: TypeError for an argument of the wrong type
+(checked before use: an integer argument takes no float, nothing is truncated), ValueError for
+bad input (the message names the argument, the index and the bound, exactly as the C++ library
+words it; integers beyond int32 included), MemoryError when memory runs out (OutOfMemoryError,
+also a RuntimeError), RuntimeError for everything else (no CUDA in this build, a CUDA error).
 
 The LSE returned here is the library's: natural log. The FlashInfer-compatible wrapper
 (fp8mla.BatchMLAPagedAttentionWrapper) converts it to FlashInfer's base 2.
@@ -13,6 +15,10 @@ The LSE returned here is the library's: natural log. The FlashInfer-compatible w
 
 from . import _fp8mla as _ext
 from ._tensors import (
+    as_flag,
+    as_int,
+    as_real,
+    as_str,
     current_stream,
     empty,
     for_ext,
@@ -32,6 +38,9 @@ DIM_KPE = _ext.DIM_KPE  # 64: rotary width
 DIM_QK = DIM_CKV + DIM_KPE  # 576
 MAX_HEADS = _ext.MAX_HEADS  # 128
 MAX_PAGE_SIZE = _ext.MAX_PAGE_SIZE  # 128
+OutOfMemoryError = _ext.OutOfMemoryError  # a MemoryError and a RuntimeError (out_of_memory)
+
+_NAN_POLICIES = ("propagate", "error")
 
 
 def as_format(kv_format):
@@ -41,7 +50,7 @@ def as_format(kv_format):
         return kv_format
     if isinstance(kv_format, str):
         return _ext.parse_format(kv_format)
-    raise ValueError(f"kv_format: expected a KvFormat or its name, got {kv_format!r}")
+    raise TypeError(f"kv_format: expected a KvFormat or its name, got {kv_format!r}")
 
 
 def token_bytes(kv_format):
@@ -64,7 +73,7 @@ def _stream(stream, like):
         return current_stream(like)
     if hasattr(stream, "cuda_stream"):  # a torch.cuda.Stream
         return int(stream.cuda_stream)
-    return int(stream)
+    return as_int(stream, "stream", 0, 2**64 - 1)  # a cudaStream_t
 
 
 def _problem_args(qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size, num_pages,
@@ -81,13 +90,13 @@ def _problem_args(qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size
         host_i32(kv_indptr, "kv_indptr"),
         host_i32(kv_indices, "kv_indices") if host_pages else page_table(kv_indices, (kind, index)),
         host_i32(kv_len, "kv_len"),
-        int(num_heads),
-        int(page_size),
-        int(num_pages),
+        as_int(num_heads, "num_heads"),
+        as_int(page_size, "page_size"),
+        as_int(num_pages, "num_pages", 0, 2**63 - 1),
         as_format(kv_format),
-        bool(causal),
-        float(sm_scale),
-        int(topk),
+        as_flag(causal, "causal"),
+        as_real(sm_scale, "sm_scale"),
+        as_int(topk, "topk"),
         host_i32(sparse_indices, "sparse_indices", ndim=2) if sparse_indices is not None else None,
         host_i32(causal_len, "causal_len") if causal_len is not None else None,
         kind,
@@ -187,14 +196,24 @@ def _plan_options(sm_count=0, ctas_per_sm=0, min_chunk_tokens=64, num_threads=0,
                   cpu_reference=False, cuda_graph=False, max_batch=0, max_total_q=0,
                   max_kv_indices=0, max_qo_len=0, exact_scores=False, max_tile_rows=0,
                   any_scale_ratio=False, kernel_family="auto"):
-    """fp8mla::PlanOptions as the dict _ext takes (every key, converted)."""
-    return dict(sm_count=int(sm_count), ctas_per_sm=int(ctas_per_sm),
-                min_chunk_tokens=int(min_chunk_tokens), num_threads=int(num_threads),
-                cpu_reference=bool(cpu_reference), cuda_graph=bool(cuda_graph),
-                max_batch=int(max_batch), max_total_q=int(max_total_q),
-                max_kv_indices=int(max_kv_indices), max_qo_len=int(max_qo_len),
-                exact_scores=bool(exact_scores), max_tile_rows=int(max_tile_rows),
-                any_scale_ratio=bool(any_scale_ratio), kernel_family=str(kernel_family))
+    """fp8mla::PlanOptions as the dict _ext takes (every key, converted; TypeError for a value
+    of the wrong type, ValueError for an integer beyond int32 / int64, each naming the option)."""
+    if not isinstance(kernel_family, str):
+        raise TypeError(f"kernel_family: expected a string, got {type(kernel_family).__name__}")
+    return dict(sm_count=as_int(sm_count, "sm_count"),
+                ctas_per_sm=as_int(ctas_per_sm, "ctas_per_sm"),
+                min_chunk_tokens=as_int(min_chunk_tokens, "min_chunk_tokens"),
+                num_threads=as_int(num_threads, "num_threads"),
+                cpu_reference=as_flag(cpu_reference, "cpu_reference"),
+                cuda_graph=as_flag(cuda_graph, "cuda_graph"),
+                max_batch=as_int(max_batch, "max_batch"),
+                max_total_q=as_int(max_total_q, "max_total_q"),
+                max_kv_indices=as_int(max_kv_indices, "max_kv_indices", -(2**63), 2**63 - 1),
+                max_qo_len=as_int(max_qo_len, "max_qo_len"),
+                exact_scores=as_flag(exact_scores, "exact_scores"),
+                max_tile_rows=as_int(max_tile_rows, "max_tile_rows"),
+                any_scale_ratio=as_flag(any_scale_ratio, "any_scale_ratio"),
+                kernel_family=kernel_family)
 
 
 def replan(
@@ -280,8 +299,8 @@ def run(
     """
     out, lse = _outputs(q_nope, out, lse, return_lse)
     _ext.run(plan, for_ext(q_nope), for_ext(q_pe), for_ext(ckv_cache), for_ext(kpe_cache),
-             for_ext(out), for_ext(lse), float(ckv_scale), float(kpe_scale),
-             for_ext(sparse_indices), _stream(stream, q_nope))
+             for_ext(out), for_ext(lse), as_real(ckv_scale, "ckv_scale"),
+             as_real(kpe_scale, "kpe_scale"), for_ext(sparse_indices), _stream(stream, q_nope))
     return (out, lse) if return_lse else out
 
 
@@ -356,8 +375,9 @@ def run_context_parallel(plan, q_nope, q_pe, ckv_cache, kpe_cache=None, *, out=N
     """
     out, lse = _outputs(q_nope, out, lse, return_lse)
     _ext.run_context_parallel(plan, for_ext(q_nope), for_ext(q_pe), for_ext(ckv_cache),
-                              for_ext(kpe_cache), for_ext(out), for_ext(lse), float(ckv_scale),
-                              float(kpe_scale), _stream(stream, q_nope))
+                              for_ext(kpe_cache), for_ext(out), for_ext(lse),
+                              as_real(ckv_scale, "ckv_scale"), as_real(kpe_scale, "kpe_scale"),
+                              _stream(stream, q_nope))
     return (out, lse) if return_lse else out
 
 
@@ -370,8 +390,13 @@ def merge_states(v, s, v_out=None, s_out=None, *, stream=None):
     Per row: w_i = exp(s_i - max s); v_out = sum w_i v_i / sum w_i; s_out = max s + log sum w_i.
     All-empty rows give v_out = 0 and s_out = -inf (never NaN). Strides are free (pass a
     states-major buffer as a permuted view). Returns (v_out, s_out). Raises ValueError for bad
-    shapes/dtypes/devices.
+    shapes/dtypes/devices, TypeError for an argument that is not an array.
     """
+    require_array(v, "v", 3)
+    require_array(s, "s", 2)
+    for t, name in ((v_out, "v_out"), (s_out, "s_out")):
+        if t is not None:
+            require_array(t, name)
     rows, dim = v.shape[0], v.shape[2]
     if v_out is None:
         np = numpy_module()
@@ -398,7 +423,8 @@ class PagedLatentCache:
     def __init__(self, num_pages, page_size, format="fp8_e4m3", scale=1.0, device="cpu"):
         kind, index = parse_device(device)
         self._c = _ext.PagedLatentCache(
-            int(num_pages), int(page_size), as_format(format), float(scale), kind, index
+            as_int(num_pages, "num_pages", 0, 2**63 - 1), as_int(page_size, "page_size"),
+            as_format(format), as_real(scale, "scale"), kind, index
         )
 
     num_pages = property(lambda self: self._c.num_pages, doc="pages in the pool")
@@ -422,7 +448,7 @@ class PagedLatentCache:
         """Takes ``n`` pages off the free list (lowest ids first) and returns their ids (int32
         numpy array, or a list without numpy). RuntimeError (out of memory) when fewer than n
         are free, and then nothing is taken; ValueError for n < 0."""
-        pages = self._c.allocate(int(n))
+        pages = self._c.allocate(as_int(n, "n", -(2**63), 2**63 - 1))
         np = numpy_module()
         return np.asarray(pages, dtype=np.int32) if np is not None else pages
 
@@ -433,7 +459,7 @@ class PagedLatentCache:
 
     def is_allocated(self, page):
         """True when ``page`` is currently handed out."""
-        return self._c.is_allocated(int(page))
+        return self._c.is_allocated(as_int(page, "page"))
 
     def append(self, slots, ckv, kpe, *, nan="propagate", stream=None):
         """Quantizing write of token i (ckv[i], kpe[i]) at global slot slots[i].
@@ -445,7 +471,8 @@ class PagedLatentCache:
         (inside the pool, on an allocated page) before writing anything.
         """
         self._c.append(
-            for_ext(slots), for_ext(ckv), for_ext(kpe), str(nan), _stream(stream, ckv)
+            for_ext(slots), for_ext(ckv), for_ext(kpe), as_str(nan, "nan", _NAN_POLICIES),
+            _stream(stream, ckv)
         )
 
     def storage(self, framework=None):
@@ -485,7 +512,7 @@ class PagedLatentCache:
     def read_token(self, slot):
         """Token at ``slot`` decoded to 576 floats (numpy float32, or a list without numpy).
         ValueError for a slot outside the pool."""
-        vals = self._c.read_token(int(slot))
+        vals = self._c.read_token(as_int(slot, "slot", -(2**63), 2**63 - 1))
         np = numpy_module()
         return np.asarray(vals, dtype=np.float32) if np is not None else vals
 
@@ -516,6 +543,8 @@ def _np_in(x, dtype):
     np = numpy_module()
     if np is None:
         raise RuntimeError("the fp8mla codec helpers need numpy")
+    if x is None or isinstance(x, (str, bytes)):
+        raise TypeError(f"expected an array or a number, got {type(x).__name__}")
     if is_torch_tensor(x):
         x = x.detach().cpu()
         torch = torch_module()
@@ -531,7 +560,8 @@ def _np_in(x, dtype):
         a = a.view(np.uint8)
     if dtype != "float32" and a.size and a.dtype != np.dtype(dtype):
         raise ValueError(f"expected {dtype} data, got dtype {a.dtype}")
-    return np, np.ascontiguousarray(a, dtype=dtype)
+    # asarray keeps a 0-d input 0-d (ascontiguousarray makes it shape (1,)).
+    return np, np.asarray(a, dtype=dtype, order="C")
 
 
 def is_torch_tensor(x):
@@ -586,7 +616,7 @@ def encode_tokens(values, kv_format, scale=1.0, *, nan="propagate"):
     if a.ndim < 1 or a.shape[-1] != DIM_QK:
         raise ValueError(f"values: expected shape [..., {DIM_QK}], got {a.shape}")
     out = np.empty(a.shape[:-1] + (_ext.token_bytes(fmt),), dtype=np.uint8)
-    _ext.encode_tokens(fmt, float(scale), a, out, str(nan))
+    _ext.encode_tokens(fmt, as_real(scale, "scale"), a, out, as_str(nan, "nan", _NAN_POLICIES))
     return out
 
 
@@ -601,7 +631,7 @@ def decode_tokens(data, kv_format, scale=1.0):
             f"data: expected shape [..., {tb}] for {_ext.format_name(fmt)}, got {a.shape}"
         )
     out = np.empty(a.shape[:-1] + (DIM_QK,), dtype=np.float32)
-    _ext.decode_tokens(fmt, float(scale), a, out)
+    _ext.decode_tokens(fmt, as_real(scale, "scale"), a, out)
     return out
 
 

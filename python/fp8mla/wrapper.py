@@ -809,11 +809,13 @@ class BatchMLAPagedAttentionWrapper:
                     f"{self._planned_pages}; re-planning is not possible during CUDA graph "
                     "capture: pass num_pages= to plan() or run once before capturing"
                 )
-            self._num_pages = pages
+            # Remembered only once the batch planned for it: a cache too small for the batch (an
+            # error) must not become the pool size the next plan() assumes.
             try:
                 self._build(pages, p)
             except ValueError as e:
                 raise _renamed(e) from None
+            self._num_pages = pages
         elif pages is not None:
             self._num_pages = pages  # later plan() calls check the pool bound at once
         try:

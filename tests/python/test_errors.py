@@ -192,3 +192,176 @@ def test_errors_are_not_value_errors_for_runtime_failures():
         cache.allocate(1)
     assert not isinstance(e.value, ValueError)
     assert ref is not None
+
+
+# ---- hostile input (issue 35): types, integers, bounds, error classes ----
+
+KW = dict(num_heads=HEADS, page_size=PAGE, num_pages=PAGES, sm_scale=0.1)
+
+
+def low_level_plan(**kw):
+    g = good()
+    return fp8mla.plan(g["qo_indptr"], g["kv_indptr"], g["kv_indices"], g["kv_len_arr"],
+                       **{**KW, **kw})
+
+
+# (plan() keyword, value, exception, argument named). Before: num_heads=2.9 planned 2 heads,
+# 2**40 raised "std::bad_cast", causal="False" planned causal attention.
+PLAN_TYPE_ERRORS = [
+    ("num_heads", 2.9, TypeError, "num_heads"),
+    ("num_heads", "8", TypeError, "num_heads"),
+    ("num_heads", True, TypeError, "num_heads"),
+    ("num_heads", 2**40, ValueError, "num_heads"),
+    ("page_size", 4.0, TypeError, "page_size"),
+    ("num_pages", 10.5, TypeError, "num_pages"),
+    ("num_pages", 2**70, ValueError, "num_pages"),
+    ("sm_scale", "0.1", TypeError, "sm_scale"),
+    ("sm_scale", None, TypeError, "sm_scale"),
+    ("causal", "False", TypeError, "causal"),
+    ("causal", 2, ValueError, "causal"),
+    ("topk", 1.5, TypeError, "topk"),
+    ("kv_format", 3, TypeError, "kv_format"),
+    ("num_threads", 2.0, TypeError, "num_threads"),
+    ("sm_count", 2**31, ValueError, "sm_count"),
+    ("cuda_graph", "yes", TypeError, "cuda_graph"),
+    ("max_kv_indices", 2**64, ValueError, "max_kv_indices"),
+]
+
+
+@pytest.mark.parametrize("key,value,exc,name", PLAN_TYPE_ERRORS)
+def test_plan_argument_types(key, value, exc, name):
+    with pytest.raises(exc, match=name):
+        low_level_plan(**{key: value})
+
+
+def test_integer_arguments_accept_numpy_integers():
+    p = low_level_plan(num_heads=np.int64(HEADS), page_size=np.int32(PAGE),
+                       num_pages=np.uint16(PAGES), sm_scale=np.float32(0.1), causal=np.bool_(0))
+    assert p.num_heads == HEADS
+
+
+def test_index_arrays_must_be_arrays():
+    g = good()
+    with pytest.raises(TypeError, match="kv_len"):
+        fp8mla.plan(g["qo_indptr"], g["kv_indptr"], g["kv_indices"], 5, **KW)
+    with pytest.raises(TypeError, match="qo_indptr"):
+        fp8mla.plan("0, 1, 2", g["kv_indptr"], g["kv_indices"], g["kv_len_arr"], **KW)
+
+
+# The bounds of include/fp8mla/limits.h reach Python as ValueError naming the argument.
+# Before: qo_indptr = [0, 2**31 - 1] asked for 4 GiB of tiles; sm_scale = 3.4e38 planned and
+# every output was NaN; num_threads = 100000 raised RuntimeError (std::system_error) in run().
+PLAN_BOUNDS = [
+    (dict(sm_scale=3.4e38), "sm_scale"),
+    (dict(num_threads=100000), "num_threads"),
+    (dict(sm_count=10**6), "sm_count"),
+    (dict(sm_count=4096, ctas_per_sm=2), "sm_count x options.ctas_per_sm"),
+]
+
+
+@pytest.mark.parametrize("override,name", PLAN_BOUNDS)
+def test_plan_bounds(override, name):
+    with pytest.raises(ValueError, match=name):
+        low_level_plan(**override)
+
+
+def test_plan_rows_bound():
+    g = good()
+    qo = np.array([0, 2**31 - 1, 2**31 - 1], np.int32)
+    with pytest.raises(ValueError, match=r"qo_indptr\[2\].*4194304"):
+        fp8mla.plan(qo, g["kv_indptr"], g["kv_indices"], g["kv_len_arr"], **KW, causal=False)
+
+
+def test_merge_states_argument_types_and_bounds():
+    # Before: merge_states(None) raised AttributeError, a 2-D v IndexError, and 2**32 states (a
+    # stride-0 view) were truncated to int: 0 / -inf instead of the merge.
+    with pytest.raises(TypeError, match="v"):
+        fp8mla.merge_states(None, np.zeros((1, 1), np.float32))
+    with pytest.raises(TypeError, match="s"):
+        fp8mla.merge_states(np.zeros((1, 1, 4), np.float32), [0.0])
+    with pytest.raises(ValueError, match="v.ndim"):
+        fp8mla.merge_states(np.zeros((2, 3), np.float32), np.zeros((2, 3), np.float32))
+    one = np.zeros(1, np.float32)
+    v = np.lib.stride_tricks.as_strided(one, (1, 2**32, 1), (0, 0, 4))
+    s = np.lib.stride_tricks.as_strided(one, (1, 2**32), (0, 0))
+    with pytest.raises(ValueError, match=r"v.shape\[1\].*4096"):
+        fp8mla.merge_states(v, s)
+
+
+def test_out_of_memory_is_a_memory_error():
+    cache = fp8mla.PagedLatentCache(4, 2)
+    cache.allocate(4)
+    with pytest.raises(MemoryError, match="free") as e:
+        cache.allocate(1)
+    assert isinstance(e.value, RuntimeError)  # as before: code that catches RuntimeError holds
+    assert isinstance(e.value, fp8mla.api.OutOfMemoryError)
+    assert not isinstance(e.value, ValueError)
+
+
+def test_cache_argument_types():
+    with pytest.raises(TypeError, match="num_pages"):
+        fp8mla.PagedLatentCache(4.7, 2)
+    with pytest.raises(TypeError, match="scale"):
+        fp8mla.PagedLatentCache(4, 2, scale="1")
+    cache = fp8mla.PagedLatentCache(4, 2)
+    with pytest.raises(TypeError, match="n"):
+        cache.allocate(1.0)
+    with pytest.raises(TypeError, match="nan"):
+        cache.append(np.zeros(0, np.int32), np.zeros((0, 512), np.float32),
+                     np.zeros((0, 64), np.float32), nan=None)
+    with pytest.raises(ValueError, match="nan"):
+        cache.append(np.zeros(0, np.int32), np.zeros((0, 512), np.float32),
+                     np.zeros((0, 64), np.float32), nan="ignore")
+
+
+def test_run_scales_and_stream_types():
+    p = low_level_plan()
+    a = run_args()
+    with pytest.raises(TypeError, match="ckv_scale"):
+        fp8mla.run(p, a["q_nope"], a["q_pe"], a["ckv_cache"], a["kpe_cache"], ckv_scale="2")
+    with pytest.raises(TypeError, match="stream"):
+        fp8mla.run(p, a["q_nope"], a["q_pe"], a["ckv_cache"], a["kpe_cache"], stream=1.5)
+    w = planned()
+    with pytest.raises(TypeError, match="k_scale|ckv_scale"):
+        w.run(**run_args(), k_scale="0.5")
+
+
+def test_run_of_no_query_tokens_checks_its_tensors():
+    # Before: a plan of no query tokens ran nothing and checked nothing, so run() returned the
+    # (5, 7, 512) output it allocated, uninitialised, for q of 5 tokens x 7 heads.
+    p = fp8mla.plan([0, 0], [0, 1], [0], [4], num_heads=7, page_size=PAGE, num_pages=PAGES,
+                    sm_scale=0.1)
+    q = np.zeros((5, 7, 576), np.uint16)
+    pool = np.zeros((PAGES, PAGE, 576), np.uint8)
+    with pytest.raises(ValueError, match=r"q_nope.shape\[0\].*expected 0.*got 5"):
+        fp8mla.run(p, q[:, :, :512], q[:, :, 512:], pool[:, :, :512], pool[:, :, 512:])
+    out = fp8mla.run(p, q[:0, :, :512], q[:0, :, 512:], pool[:, :, :512], pool[:, :, 512:])
+    assert out.shape == (0, 7, 512)
+
+
+def test_codecs_keep_zero_dimensional_shapes():
+    # Before: every codec returned shape (1,) for a 0-d input.
+    x = np.float32(1.5)
+    code = fp8mla.fp8_e4m3_encode(x)
+    assert code.shape == () and int(code) == 0x3C
+    assert fp8mla.fp8_e4m3_decode(code).shape == ()
+    assert float(fp8mla.fp8_e4m3_decode(code)) == 1.5
+    bits = fp8mla.bf16_encode(np.float32(-2.0))
+    assert bits.shape == () and int(bits) == 0xC000
+    assert fp8mla.bf16_decode(bits).shape == () and float(fp8mla.bf16_decode(bits)) == -2.0
+    with pytest.raises(TypeError):
+        fp8mla.fp8_e4m3_encode("1.5")
+
+
+def test_wrapper_pool_size_is_not_sticky_after_a_failed_run():
+    # Before: a run() whose cache was too small for the batch failed, but its page count stayed
+    # the pool size, so the next plan() of a valid batch failed until a run with the right cache.
+    w = fp8mla.BatchMLAPagedAttentionWrapper(None)
+    w.plan(**good())  # pages 0..3: planned for a pool of 4 pages
+    small = np.zeros((2, PAGE, 576), np.uint8)  # pages 2 and 3 are missing
+    a = run_args()
+    with pytest.raises(ValueError, match="kv_indices"):
+        w.run(a["q_nope"], a["q_pe"], small[:, :, :512], small[:, :, 512:])
+    w.plan(**good())  # plans again
+    out = w.run(**a)  # the right cache (10 pages) runs
+    assert out.shape == (2, HEADS, 512)
