@@ -153,9 +153,16 @@ void merge_tensors(const TensorView& v, const TensorView& s, const TensorView& v
             acc = std::vector<float>(static_cast<std::size_t>(dim))](std::int64_t item) mutable {
       const std::int64_t end = std::min(rows, (item + 1) * kRowsPerItem);
       for (std::int64_t r = item * kRowsPerItem; r < end; ++r) {
-        const float lse = merge_weights(n, element_ptr<const float>(s, r), s.stride[1], w.data());
-        merge_values(n, element_ptr<const In>(v, r), v.stride[1], v.stride[2], dim, w.data(),
-                     element_ptr<Out>(v_out, r), v_out.stride[1], acc.data());
+        // Rows of no states (n = 0) or no values (D = 0): v, s or v_out have no elements and
+        // maybe no data, so no address is formed in them.
+        const float lse =
+            n > 0 ? merge_weights(n, element_ptr<const float>(s, r), s.stride[1], w.data())
+                  : kNegInf;
+        if (dim > 0) {
+          merge_values(n, n > 0 ? element_ptr<const In>(v, r) : nullptr, v.stride[1],
+                       v.stride[2], dim, w.data(), element_ptr<Out>(v_out, r), v_out.stride[1],
+                       acc.data());
+        }
         if (s_out.defined()) *element_ptr<float>(s_out, r) = lse;
       }
     };
