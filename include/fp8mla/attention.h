@@ -273,9 +273,11 @@ struct RunArgs {
 // Shared plans: run() only reads a plan, so runs of one plan may be called from several threads
 // at once. CPU plans: each run keeps its own split-KV workspace, so concurrent runs (into
 // different outputs) are safe and give the single-threaded result. CUDA plans: the split-KV
-// workspace is the plan's device buffer, so its runs must be ordered on the device: one stream,
-// or streams ordered by events (runs on unordered streams are not detected: use one plan per
-// stream). replan() needs the plan to itself (no run in flight on any thread).
+// workspace is the plan's device buffer, so its runs must be ordered on the device: runs on one
+// stream are (also from several host threads: a run's launches are not interleaved with
+// another's), runs on several streams must be ordered by events (unordered streams are not
+// detected: give each stream its own plan). replan() needs the plan to itself (no run in flight
+// on any thread).
 // CUDA: the kernels are launched as programmatic dependents (PDL) of the kernel before them on
 // `stream`, so their launch overlaps its end when it triggers early; they read q, the cache and
 // sparse indices, and write, only after waiting for it (griddepcontrol.wait), so stream order holds

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "fp8mla/attention.h"
@@ -67,6 +68,10 @@ struct PlanState {
   // tiles.size() and partial_rows.
   std::int64_t tile_capacity = 0;
   std::int64_t partial_rows_capacity = 0;
+
+  // Held by run() across a CUDA run's launches (decode, then the split merge, both using the
+  // workspace), so runs of one plan from several host threads on one stream do not interleave.
+  std::unique_ptr<std::mutex> launch_mutex = std::make_unique<std::mutex>();
 
   // CUDA state (device copies + workspace); null for CPU plans.
   std::unique_ptr<CudaPlanBuffers, CudaBuffersDeleter> cuda;

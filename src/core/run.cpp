@@ -2,6 +2,7 @@
 // the arguments against the plan, then dispatch to the plan's backend.
 #include <cmath>
 #include <limits>
+#include <mutex>
 #include <string>
 
 #include "fp8mla/attention.h"
@@ -112,6 +113,10 @@ void run(const Plan& p, const RunArgs& args) try {
 
   if (s.device == DeviceKind::cuda) {
     const detail::CurrentDeviceGuard keep(true);
+    // A run is two launches on `stream` that share the plan's workspace: runs from several
+    // threads on one stream must not interleave them (different streams must be ordered by the
+    // caller: attention.h).
+    const std::lock_guard<std::mutex> lock(*s.launch_mutex);
     detail::cuda_run(s, args);
   } else if (s.family == KernelFamily::cpu_reference) {
     detail::cpu_reference(s, args);
