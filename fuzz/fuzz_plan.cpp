@@ -42,7 +42,8 @@ void run_small(const Plan& p, const Problem& pb, fp8mla::fuzz::Input& in) {
   const std::int64_t tq = p.total_q(), h = p.num_heads(), ps = pb.page_size;
   const std::int64_t pages = pb.num_pages;
   const std::int64_t tb = fp8mla::token_bytes(pb.kv_format);
-  if (tq * h > 4096 || pages * ps * tb > (std::int64_t{16} << 20)) return;
+  // Small runs only: the harness's own encoding of the pool must not dominate an input's time.
+  if (tq * h > 4096 || pages * ps * tb > (std::int64_t{1} << 20)) return;
   std::vector<std::uint8_t> cache(static_cast<std::size_t>(pages * ps * tb));
   // Finite cache values: e4m3 codes without 0x7f / 0xff, bf16 and block scales from small values.
   std::vector<float> token(fp8mla::kDimQk);
