@@ -164,7 +164,7 @@ def plan(
                   counts from, >= kv_len, when the listed tokens start a longer context (a
                   context-parallel shard: the context's length minus the shard's first token)
     num_heads 1..128, page_size a power of two in 1..128, num_pages >= 1 (the pool the cache
-    view will have), sm_scale finite and > 0, kv_format a KvFormat or its name, device "cpu",
+    view will have), sm_scale in (0, 65536], kv_format a KvFormat or its name, device "cpu",
     "cuda", "cuda:N" or a torch.device. q_dtype / out_dtype: "bf16" (default) or "f16" (CPU
     backend only; the CUDA kernels take bf16). borrowed_kv_indices: instead of kv_indices (pass
     None there), an int32 contiguous array of >= kv_indptr[-1] entries on the plan's device that
@@ -178,8 +178,12 @@ def plan(
     pass fp8_e4m3 scales whose kpe_scale / ckv_scale is not a power of two; kernel_family
     "auto" or a family's name forces it, e.g. "fp8_exact").
 
-    Returns a Plan (Plan.kernel_name: the kernel family every run launches). Raises ValueError naming the argument, index and bound for bad input;
-    RuntimeError when the device cannot be served (e.g. "cuda" in a build without CUDA).
+    Returns a Plan (Plan.kernel_name: the kernel family every run launches). Raises TypeError
+    for an argument of the wrong type, ValueError naming the argument, index and bound for bad
+    input (including the bounds of fp8mla/limits.h: at most 2^22 rows total_q x num_heads,
+    sm_count <= 4096, ctas_per_sm <= 32, num_threads <= 1024; README "Errors"), MemoryError when
+    memory runs out, RuntimeError when the device cannot be served (e.g. "cuda" in a build
+    without CUDA).
     """
     return _ext.plan(
         _problem_args(qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size, num_pages,
@@ -446,8 +450,9 @@ class PagedLatentCache:
 
     def allocate(self, n):
         """Takes ``n`` pages off the free list (lowest ids first) and returns their ids (int32
-        numpy array, or a list without numpy). RuntimeError (out of memory) when fewer than n
-        are free, and then nothing is taken; ValueError for n < 0."""
+        numpy array, or a list without numpy). MemoryError (OutOfMemoryError, also a
+        RuntimeError) when fewer than n are free, and then nothing is taken; ValueError for
+        n < 0."""
         pages = self._c.allocate(as_int(n, "n", -(2**63), 2**63 - 1))
         np = numpy_module()
         return np.asarray(pages, dtype=np.int32) if np is not None else pages
