@@ -111,6 +111,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   o.max_kv_indices = in.int64_in(0, 256);
   o.max_qo_len = in.int_in(0, 8);
   const std::int32_t rank = in.int_in(0, 3), world = in.int_in(1, 4);
+  // The kernel family: the table's choice below 128, else forced (values past the last family
+  // included); a CPU problem names a CUDA family at times.
+  const std::uint8_t family = in.u8();
+  if (family >= 128) o.kernel_family = static_cast<fp8mla::KernelFamily>(family % 16);
+  o.any_scale_ratio = (family & 1) != 0;
   const std::vector<std::int32_t> qo_indptr = in.array(64, 0, 64);
   const std::vector<std::int32_t> kv_indptr = in.array(64, 0, 64);
   const std::vector<std::int32_t> kv_indices = in.array(512, -1, 40);

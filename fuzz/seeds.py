@@ -67,14 +67,15 @@ FORMATS = {"bf16": 0, "fp8_e4m3": 1, "fp8_e4m3_block": 2}
 def plan_input(flags=0, fmt="fp8_e4m3", heads=8, page=4, pages=16, sm_scale=0.0625, topk=0,
                sm_count=4, ctas=0, min_chunk=64, threads=1, max_tile_rows=0, max_batch=0,
                max_total_q=0, max_kv_indices=0, max_qo_len=0, rank=0, world=2,
-               qo=(0, 1), kvp=(0, 2), kvi=(0, 1), kv_len=(5,), causal_len=(), sparse=()):
+               qo=(0, 1), kvp=(0, 2), kvi=(0, 1), kv_len=(5,), causal_len=(), sparse=(),
+               family=0):
     w = W().u8(flags).u8(FORMATS.get(fmt, fmt) if isinstance(fmt, str) else fmt)
     w.int_in(heads).int_in(page).int64_in(pages).f32(sm_scale).u8(0)
     if flags & SPARSE:
         w.int_in(topk)
     for v in (sm_count, ctas, min_chunk, threads, max_tile_rows, max_batch, max_total_q):
         w.int_in(v)
-    w.int64_in(max_kv_indices).int_in(max_qo_len).int_in(rank).int_in(world)
+    w.int64_in(max_kv_indices).int_in(max_qo_len).int_in(rank).int_in(world).u8(family)
     for a in (qo, kvp, kvi, kv_len, causal_len, sparse):
         w.array(list(a))
     w.b += bytes(range(64))  # run_small's data
@@ -127,6 +128,9 @@ def plan_seeds():
     s["sparse_topk_int_max"] = plan_input(SPARSE, topk=INT_MAX, qo=(0, 3), kvp=(), kvi=(),
                                           kv_len=())
     s["kv_indptr_mismatch"] = plan_input(RUN, qo=(0, 1), kvp=(0, 5), kvi=(0,), kv_len=(1,))
+    s["family_cpu_reference"] = plan_input(RUN, family=128 + 2)
+    s["family_cuda_on_cpu"] = plan_input(RUN, family=128 + 5)
+    s["family_unknown"] = plan_input(RUN, family=128 + 15)
     return s
 
 
