@@ -132,9 +132,8 @@ void fuzz_codecs(Input& in) {
     if (exact) {
       for (std::size_t i = 0; i < token.size(); ++i) {
         // NaN codes keep their NaN-ness (the payload of a bf16 NaN may change).
-        require(again[i] == token[i] || std::isnan(decoded[format == fp8mla::KvFormat::bf16
-                                                               ? i / 2
-                                                               : i]));
+        require(again[i] == token[i] ||
+                std::isnan(decoded[format == fp8mla::KvFormat::bf16 ? i / 2 : i]));
       }
     }
   }

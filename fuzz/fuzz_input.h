@@ -29,8 +29,8 @@ class Input {
     const std::int32_t raw = i32();
     if (mode == 0) return raw;
     const auto span = static_cast<std::uint64_t>(std::int64_t{hi} - lo + 1);
-    return static_cast<std::int32_t>(lo + static_cast<std::int64_t>(
-                                              static_cast<std::uint32_t>(raw) % span));
+    return static_cast<std::int32_t>(
+        lo + static_cast<std::int64_t>(static_cast<std::uint32_t>(raw) % span));
   }
   // A count for the fuzzer's own buffers (not an argument of the library): a mode byte and an
   // i32 like int_in, always folded into [0, max].

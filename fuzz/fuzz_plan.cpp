@@ -26,13 +26,13 @@ using fp8mla::Problem;
 void check_tiles(const Plan& p, const Problem& pb) {
   const bool sparse = pb.topk > 0;
   for (const fp8mla::WorkTile& t : p.tiles()) {
-    const bool ok = t.request >= 0 && t.request < p.batch() && t.q_count >= 1 &&
-                    t.head_count >= 1 && t.q_count * t.head_count <= fp8mla::kMaxRowsPerTile &&
-                    t.head_begin >= 0 && t.head_begin + t.head_count <= p.num_heads() &&
-                    t.q_begin >= 0 &&
-                    t.q_begin + t.q_count <= pb.qo_indptr[t.request + 1] - pb.qo_indptr[t.request] &&
-                    t.kv_begin >= 0 && t.kv_begin <= t.kv_end &&
-                    t.kv_end <= (sparse ? pb.topk : pb.kv_len[t.request]);
+    const bool ok =
+        t.request >= 0 && t.request < p.batch() && t.q_count >= 1 && t.head_count >= 1 &&
+        t.q_count * t.head_count <= fp8mla::kMaxRowsPerTile && t.head_begin >= 0 &&
+        t.head_begin + t.head_count <= p.num_heads() && t.q_begin >= 0 &&
+        t.q_begin + t.q_count <= pb.qo_indptr[t.request + 1] - pb.qo_indptr[t.request] &&
+        t.kv_begin >= 0 && t.kv_begin <= t.kv_end &&
+        t.kv_end <= (sparse ? pb.topk : pb.kv_len[t.request]);
     if (!ok) std::abort();
   }
 }
@@ -50,8 +50,9 @@ void run_small(const Plan& p, const Problem& pb, fp8mla::fuzz::Input& in) {
   for (std::int64_t slot = 0; slot < pages * ps; ++slot) {
     for (int d = 0; d < fp8mla::kDimQk; ++d)
       token[d] = static_cast<float>(static_cast<std::int8_t>(in.u8() + slot + d)) / 32.0f;
-    fp8mla::encode_token(pb.kv_format, 1.0f, token,
-                         std::span<std::uint8_t>(cache.data() + slot * tb, static_cast<std::size_t>(tb)));
+    fp8mla::encode_token(
+        pb.kv_format, 1.0f, token,
+        std::span<std::uint8_t>(cache.data() + slot * tb, static_cast<std::size_t>(tb)));
   }
   std::vector<std::uint16_t> q(static_cast<std::size_t>(tq * h * fp8mla::kDimQk));
   for (std::size_t i = 0; i < q.size(); ++i)
@@ -62,8 +63,8 @@ void run_small(const Plan& p, const Problem& pb, fp8mla::fuzz::Input& in) {
   using fp8mla::DType;
   a.q_nope = fp8mla::make_strided_view(q.data(), DType::bf16, {tq, h, 512}, {h * 576, 576, 1});
   // (No query tokens: q is empty and its data pointer may be null, which takes no offset.)
-  a.q_pe = fp8mla::make_strided_view(q.empty() ? nullptr : q.data() + 512, DType::bf16,
-                                     {tq, h, 64}, {h * 576, 576, 1});
+  a.q_pe = fp8mla::make_strided_view(q.empty() ? nullptr : q.data() + 512, DType::bf16, {tq, h, 64},
+                                     {h * 576, 576, 1});
   a.out = fp8mla::make_view(out.data(), DType::bf16, {tq, h, 512});
   a.lse = fp8mla::make_view(lse.data(), DType::f32, {tq, h});
   a.kv.format = pb.kv_format;
@@ -72,10 +73,9 @@ void run_small(const Plan& p, const Problem& pb, fp8mla::fuzz::Input& in) {
   } else {
     const DType e = pb.kv_format == fp8mla::KvFormat::bf16 ? DType::bf16 : DType::fp8_e4m3;
     const std::int64_t w = pb.kv_format == fp8mla::KvFormat::bf16 ? 2 : 1;  // element bytes
-    a.kv.ckv = fp8mla::make_strided_view(cache.data(), e, {pages, ps, 512},
-                                         {ps * 576, 576, 1});
-    a.kv.kpe = fp8mla::make_strided_view(cache.data() + 512 * w, e, {pages, ps, 64},
-                                         {ps * 576, 576, 1});
+    a.kv.ckv = fp8mla::make_strided_view(cache.data(), e, {pages, ps, 512}, {ps * 576, 576, 1});
+    a.kv.kpe =
+        fp8mla::make_strided_view(cache.data() + 512 * w, e, {pages, ps, 64}, {ps * 576, 576, 1});
   }
   fp8mla::run(p, a);
   for (const std::uint16_t v : out)
