@@ -177,12 +177,15 @@ std::string str_arg(nb::handle h, const std::string& name) {
   return v;
 }
 
-// A bool argument: True or False only.
+// A bool argument: True or False, or an integer 0 or 1 (numpy's bool has __index__ too).
 bool flag_arg(nb::handle h, const std::string& name) {
-  if (!PyBool_Check(h.ptr()))
+  if (PyBool_Check(h.ptr())) return h.ptr() == Py_True;
+  if (!PyIndex_Check(h.ptr()))
     throw nb::type_error(
         (name + ": expected a bool, got " + nb::type_name(h.type()).c_str()).c_str());
-  return h.ptr() == Py_True;
+  const long long v = int_arg<long long>(h, name);
+  if (v != 0 && v != 1) bad(name, "expected a bool (or 0 / 1), got " + std::to_string(v));
+  return v == 1;
 }
 
 // A host, contiguous array of `dtype` read as a flat span (None gives an empty span).
