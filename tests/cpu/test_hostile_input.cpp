@@ -97,6 +97,16 @@ TEST(HostileShardContext, QoIndptrAndScalars) {
   expect_error([&] { rows.shard(); }, {"problem.qo_indptr[1]", "4194304"});
 }
 
+// A borrowed page table (Problem::borrowed_kv_indices) leaves kv_indices empty: shard_context()
+// would index past it. It is refused by name.
+TEST(HostileShardContext, BorrowedPageTableIsRefused) {
+  Full f;
+  I32 table{0};
+  f.p.borrowed_kv_indices = make_view(table.data(), DType::i32, {1});
+  f.kv_indices = {};
+  expect_error([&] { f.shard(); }, {"problem.borrowed_kv_indices", "give kv_indices"});
+}
+
 // The full table may list other ranks' pages with ids of their pools (or placeholders): only the
 // pages a rank holds are checked, by its own plan().
 TEST(HostileShardContext, OtherRanksPageIdsAreTheirs) {
