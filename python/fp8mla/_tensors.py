@@ -7,7 +7,6 @@ argument belongs to.
 """
 
 import array
-import math
 import operator
 import sys
 
@@ -305,16 +304,6 @@ def as_str(x, name, choices):
     if x not in choices:
         raise ValueError(f"{name}: expected one of {', '.join(repr(c) for c in choices)}, got {x!r}")
     return x
-
-
-def as_float(x, name):
-    """A Python float from a number or a one-element tensor/array (a host sync for GPU data)."""
-    if x is None:
-        return None
-    v = as_real(x, name)  # TypeError for a string, a bool, None or an object that is no number
-    if not math.isfinite(v) or v <= 0.0:
-        raise ValueError(f"{name}: {v} must be finite and > 0")
-    return v
 
 
 def squeeze_head_dim(x):
