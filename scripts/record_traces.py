@@ -167,6 +167,10 @@ def profiler_numbers(torch, prof, args, strategy):
         casts, gathers = [], []
         ordered = sorted((e for e in step_events if top_level(e)),
                          key=lambda e: e.time_range.start)
+        # Every aten::index of the step, at any depth: on CUDA the event list may give the
+        # gather a parent other than the step.
+        indexes = sorted((e for e in step_events if e.name == "aten::index"),
+                         key=lambda e: e.time_range.start)
         for i, e in enumerate(ordered):
             if e.name != "fp8mla::mla_decode" or strategy == "native":
                 continue
@@ -176,8 +180,11 @@ def profiler_numbers(torch, prof, args, strategy):
             if j < 0:
                 continue
             casts.append(ordered[j])
-            if strategy == "gather" and j > 0 and ordered[j - 1].name == "aten::index":
-                gathers.append(ordered[j - 1])
+            if strategy == "gather":
+                # The gather: the last aten::index that ended before that cast began.
+                before = [x for x in indexes if x.time_range.end <= ordered[j].time_range.start]
+                if before:
+                    gathers.append(before[-1])
         return casts, gathers
 
     def device_time(e):

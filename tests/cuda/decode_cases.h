@@ -19,8 +19,6 @@
 
 namespace fp8mla::gputest {
 
-// `o` for case c: a kpe_scale / ckv_scale ratio that is not a power of two is a plan input
-// (PlanOptions::any_scale_ratio).
 // FP8MLA_KERNEL_FAMILY in the environment runs plans that leave the choice to the table on another
 // family (src/core/plan.cpp): the tests' family checks then accept it.
 inline bool family_forced() {
@@ -28,6 +26,8 @@ inline bool family_forced() {
   return env != nullptr && *env != '\0';
 }
 
+// `o` for case c: a kpe_scale / ckv_scale ratio that is not a power of two is a plan input
+// (PlanOptions::any_scale_ratio).
 inline PlanOptions options_for(const test::RandomCase& c, PlanOptions o) {
   if (c.spec.format == KvFormat::fp8_e4m3 &&
       !detail::pow2_scale_ratio(c.sm_scale, c.spec.ckv_scale, c.spec.kpe_scale))

@@ -82,6 +82,8 @@ TEST(CudaGraph, ReplanWaitsForTheRunInFlight) {
 // must take its general path and still match the reference.
 TEST(CudaGraph, MergeFormCapturedShortServesLongContexts) {
   SKIP_WITHOUT_GPU();
+  // The split counts below assume the table's fp8_e4m3 families' residency (two CTAs an SM).
+  if (family_forced()) GTEST_SKIP() << "FP8MLA_KERNEL_FAMILY=" << std::getenv("FP8MLA_KERNEL_FAMILY");
   test::ProblemSpec s = decode_spec(F8, 8, 64, 3000, 3000, 32);
   s.batch = 1;
   s.spare_pages = 2000;  // room for the second length
