@@ -8,7 +8,7 @@ Prints the total stall samples; then each run of SASS lines executed at least IT
 (default 31000: once a warp and 64-token block in the 64/128/4096 case, 512 warps x 64 blocks
 minus the last blocks' skipped branches) with its samples and instructions a warp and block
 (executions / 32768); then the TOP (default 15) lines by samples with their two main stall
-reasons. Used for bench/results/h200_v26_ncu.txt.
+reasons. Used for the 17-64-row kernels' stall profiles (docs/design/wide_rows.md).
 """
 import csv
 import sys

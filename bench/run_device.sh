@@ -31,9 +31,9 @@ timeout 90 build-cuda/tools/fp8mla/fp8mla bench --cp 1 --quick --json "$out/cp1.
 echo "bench --cp 1 rc=$?"; tail -6 "$out/cp1.txt"
 # Multi-token causal decode (MTP / speculative verify: 2 and 4 query tokens a request) next to
 # plain decode at 1-64 requests: DeepSeek's 16 heads at TP8 and 128 (DP attention), fp8 cache;
-# then the same with tiles of <= 16 rows (PlanOptions::max_tile_rows: more tiles, each reading the pages, on the
-# <= 16-row kernels; bench/NOTES.md mtp1). Last, so a lease that runs out of time loses only
-# these (NO_MTP=1 skips them).
+# then the same with tiles of <= 16 rows (PlanOptions::max_tile_rows: more tiles, each reading
+# the pages, on the <= 16-row kernels; docs/design/planner.md). Last, so a lease that runs out of
+# time loses only these (NO_MTP=1 skips them).
 mtp() {  # mtp NAME ARGS...: one short bench, to $out/NAME.{txt,json}, while the call has time
   local name=$1
   shift

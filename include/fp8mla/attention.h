@@ -132,7 +132,8 @@ struct PlanOptions {
   // CUDA, fp8_e4m3 caches, dense tiles of <= 16 rows: false (default) computes the scores on fp8
   // tensor cores straight from the cache bytes, the fastest path; Hopper's fp8 accumulator keeps
   // 13 mantissa bits, so scores carry ~2e-4 of their magnitude (output ~1e-3 relative at scores
-  // ~50; README "Numerics"). true converts K to fp16 first (exact products, fp32 sums: ~1e-6).
+  // ~50). true converts K to fp16 first (exact products, fp32 sums), slower where the cache read
+  // bounds the time (docs/design/numerics.md has both paths' errors and costs).
   bool exact_scores = false;
   // Rows (query tokens x heads) a tile packs at most, in [0, kMaxRowsPerTile]. A smaller cap cuts
   // multi-token requests (MTP / speculative verify) into more tiles of fewer query tokens, each

@@ -33,8 +33,7 @@ constexpr int kChunk = 32;  // tokens decoded at once: 32 x 576 floats = 72 KiB,
 constexpr int kGroup = 4;   // rows sharing each load of a decoded value
 // Tokens between a token's prefetch and its decode (KvReader::prefetch): pages sit anywhere in
 // the pool, so without it every token's first line is a DRAM miss. At page 1 it took the demo's
-// native step from 19 to 12 ms a layer on a 2-core host; 4 to 32 ahead measured alike
-// (bench/NOTES.md cpu1).
+// native step from 19 to 12 ms a layer on a 2-core host; 4 to 32 ahead measured alike.
 constexpr int kPrefetchAhead = 16;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -274,12 +273,12 @@ template <class V, int G>
       load(a[g][1], o[g] + d + kL);
     }
     for (int t = 0; t < n_min; ++t) {
-      V v0, v1;
-      load(v0, k + t * kDimQk + d);
-      load(v1, k + t * kDimQk + d + kL);
+      V lo, hi;  // token t's values at columns d and d + kL
+      load(lo, k + t * kDimQk + d);
+      load(hi, k + t * kDimQk + d + kL);
       for (int g = 0; g < G; ++g) {
-        a[g][0] += p[g][t] * v0;
-        a[g][1] += p[g][t] * v1;
+        a[g][0] += p[g][t] * lo;
+        a[g][1] += p[g][t] * hi;
       }
     }
     for (int g = 0; g < G; ++g) {

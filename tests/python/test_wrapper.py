@@ -273,7 +273,7 @@ def test_exact_scores_changes_nothing_on_the_cpu(rng):
 def test_python_defaults_are_the_cpp_plan_options():
     """fp8mla.plan's keyword defaults and the wrapper's are fp8mla::PlanOptions' own (read from
     the extension), so the Python layer plans what the C++ planner is tuned and benchmarked
-    with (bench/NOTES.md v22: a stale copy here once cost 1/8/4096 3.7 us on the H200)."""
+    with (a stale copy here once cost 1/8/4096 3.7 us on the H200)."""
     cpp = fp8mla._fp8mla.plan_defaults()
     assert set(cpp) == {"sm_count", "ctas_per_sm", "min_chunk_tokens", "num_threads",
                         "cpu_reference", "exact_scores", "max_tile_rows"}
