@@ -1,7 +1,6 @@
-// Micro-benchmark (not part of the build): issue rate of the e4m3 -> f16 conversions the decode
-// kernels use, per SM and clock, at the fragment kernel's 16 warps per SM.
-//   nvcc -O3 -std=c++20 -I. -Iinclude -gencode=arch=compute_90a,code=sm_90a -cudart=static \
-//     bench/micro_convert.cu -o build-cuda/micro_convert && build-cuda/micro_convert
+// Micro-benchmark: issue rate of the e4m3 -> f16 conversions the decode kernels use, per SM and
+// clock, at the fp8_exact kernel's 16 warps per SM. CUDA builds make it
+// (build-cuda/bench/fp8mla_micro_convert); run it on a GPU.
 // Modes: cvt (cvt.rn.f16x2.e4m3x2, two per 32-bit word), int (shift / mask / or: the values
 // times 2^-8, exact, NaN codes become 480 * 2^-8), mixed (half the words each way), none (the
 // loop without conversions). Each word's results feed f16x2 adds so nothing is folded away.

@@ -1,5 +1,5 @@
-// `fp8mla bench`: the GPU grid (bench/gpu_bench.cu) on a CUDA device; otherwise a CPU bench of
-// the library's fast path against the float64 reference, per format.
+// `fp8mla bench`: the GPU grid (bench/gpu_bench.cu beside this file) on a CUDA device; otherwise
+// a CPU bench of the library's fast path against the float64 reference, per format.
 #include <algorithm>
 #include <cstdio>
 #include <numeric>
@@ -7,8 +7,8 @@
 #include <thread>
 #include <vector>
 
-#include "bench/baselines/baselines.h"
-#include "bench/gpu_bench.h"
+#include "tools/fp8mla/strategies/strategies.h"
+#include "tools/fp8mla/bench/gpu_bench.h"
 #include "fp8mla/attention.h"
 #include "fp8mla/error.h"
 #include "src/core/backend.h"
@@ -135,7 +135,7 @@ void run_cpu_case(CpuCase& c, bool baselines, double budget_s) {
     bargs.kv = gv;
     const KvCacheView src = w.cache().view();
     c.baseline_s = median_time(budget_s, [&] {
-      baselines::gather_cast_to_bf16(src, w.kv_indices.data(), w.active_pages, gv);
+      strategies::gather_cast_to_bf16(src, w.kv_indices.data(), w.active_pages, gv);
       run(bf16_plan, bargs);
     });
   }

@@ -2,7 +2,7 @@
 // measured, or the CPU bench with a streaming-read ceiling measured here.
 #pragma once
 
-#include "bench/gpu_bench.h"
+#include "tools/fp8mla/bench/gpu_bench.h"
 #include "tools/fp8mla/roofline_plot.h"
 
 namespace fp8mla::cli {

@@ -15,8 +15,8 @@
 #include <thread>
 #include <vector>
 
-#include "bench/baselines/baselines.h"
-#include "bench/gpu_bench.h"
+#include "tools/fp8mla/strategies/strategies.h"
+#include "tools/fp8mla/bench/gpu_bench.h"
 #include "fp8mla/attention.h"
 #include "fp8mla/error.h"
 #include "tools/fp8mla/args.h"
@@ -309,9 +309,9 @@ int run_demo(std::span<const std::string_view> argv) {
   // One untimed pass of every strategy first: the first CUDA launches load modules and the
   // first CPU touches fault pages in, neither of which a serving step pays.
   acts.draw(qrng);
-  baselines::cast_pool_to_bf16(pool_view, bf16_pool_view);
+  strategies::cast_pool_to_bf16(pool_view, bf16_pool_view);
   run(plan1, args1);
-  baselines::gather_cast_to_bf16(pool_view, static_cast<const std::int32_t*>(gather_pages.data()),
+  strategies::gather_cast_to_bf16(pool_view, static_cast<const std::int32_t*>(gather_pages.data()),
                                  w.active_pages, gathered_view);
   run(plan2, args2);
   run(plan3, args3);
@@ -327,10 +327,10 @@ int run_demo(std::span<const std::string_view> argv) {
     const int id = wc.device_id;
     // (3) first: it then never finds the pool warm from the other strategies' reads of it.
     r.native_s = timed(device, id, [&] { run(plan3, args3); });
-    r.cast_s = timed(device, id, [&] { baselines::cast_pool_to_bf16(pool_view, bf16_pool_view); });
+    r.cast_s = timed(device, id, [&] { strategies::cast_pool_to_bf16(pool_view, bf16_pool_view); });
     r.cast_attend_s = timed(device, id, [&] { run(plan1, args1); });
     r.gather_s = timed(device, id, [&] {
-      baselines::gather_cast_to_bf16(pool_view,
+      strategies::gather_cast_to_bf16(pool_view,
                                      static_cast<const std::int32_t*>(gather_pages.data()),
                                      w.active_pages, gathered_view);
     });

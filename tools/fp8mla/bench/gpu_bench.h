@@ -1,4 +1,4 @@
-// `fp8mla bench` on a CUDA device: ceilings, then the decode grid (bench/gpu_bench.cu).
+// `fp8mla bench` on a CUDA device: ceilings, then the decode grid (gpu_bench.cu).
 #pragma once
 
 #include <string>
@@ -52,7 +52,7 @@ struct GpuBenchOptions {
 // without CUDA or without a device).
 int run_gpu_bench(const GpuBenchOptions& options);
 
-// `fp8mla bench --cp N`: one rank of the context-parallel latency benchmark (bench/cp_bench.cu;
+// `fp8mla bench --cp N`: one rank of the context-parallel latency benchmark (cp_bench.cu;
 // the command starts one process a GPU and hands each its rank and the group's NCCL id).
 struct CpBenchOptions {
   int rank = 0, world = 1;

@@ -5,7 +5,7 @@
 // decode_token followed by float_to_bf16 would give, at a fraction of the cost. The work is
 // spread over all cores, as the library's CPU fast path is, so the demo compares strategies
 // rather than thread counts.
-#include "bench/baselines/baselines.h"
+#include "tools/fp8mla/strategies/strategies.h"
 
 #include <algorithm>
 #include <array>
@@ -20,10 +20,10 @@
 #include "src/core/check.h"
 
 #ifdef FP8MLA_WITH_CUDA
-#include "bench/baselines/baselines_cuda.h"
+#include "tools/fp8mla/strategies/strategies_cuda.h"
 #endif
 
-namespace fp8mla::baselines {
+namespace fp8mla::strategies {
 namespace {
 
 using detail::require;
@@ -216,4 +216,4 @@ void gather_cast_to_bf16(const KvCacheView& src, const std::int32_t* pages, std:
   cast_pages(src, dst, n, [pages](std::int64_t i) { return pages[i]; });
 }
 
-}  // namespace fp8mla::baselines
+}  // namespace fp8mla::strategies

@@ -1,5 +1,5 @@
 // `fp8mla bench`'s GPU parts in a build without CUDA: they cannot run, so they say why.
-#include "bench/gpu_bench.h"
+#include "tools/fp8mla/bench/gpu_bench.h"
 #include "fp8mla/error.h"
 
 namespace fp8mla::bench {

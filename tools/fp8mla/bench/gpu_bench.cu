@@ -15,9 +15,9 @@
 #include <tuple>
 #include <vector>
 
-#include "bench/baselines/baselines_cuda.h"
-#include "bench/gpu_bench.h"
-#include "bench/gpu_bench_util.cuh"
+#include "tools/fp8mla/strategies/strategies_cuda.h"
+#include "tools/fp8mla/bench/gpu_bench.h"
+#include "tools/fp8mla/bench/gpu_bench_util.cuh"
 #include "fp8mla/attention.h"
 #include "src/core/backend.h"
 #include "src/core/check.h"
@@ -168,7 +168,7 @@ struct CaseRunner {
     bargs.kv = dst;
     bargs.out = make_view(out_ref, DType::bf16, {total_q, heads, 512}, DeviceKind::cuda);
     record("cast_pool", time_captured(s, 1, reps, [&] {
-             baselines::cuda_cast_pool_to_bf16(src, dst, s);
+             strategies::cuda_cast_pool_to_bf16(src, dst, s);
              fp8mla::run(cast_plan, bargs);
            }));
     std::vector<std::int32_t> identity(static_cast<std::size_t>(per_call));
@@ -180,7 +180,7 @@ struct CaseRunner {
     KvCacheView gdst = cache_view(bf16_area, KvFormat::bf16, per_call, ps);
     bargs.kv = gdst;
     record("gather_cast", time_captured(s, 1, reps, [&] {
-             baselines::cuda_gather_cast_to_bf16(cache_view(pool, f, pool_pages, ps), d_pages,
+             strategies::cuda_gather_cast_to_bf16(cache_view(pool, f, pool_pages, ps), d_pages,
                                                  per_call, gdst, s);
              fp8mla::run(gather_plan, bargs);
            }));

@@ -1,10 +1,10 @@
 // The story's two slow strategies on the GPU: decode FP8 tokens to a bf16 cache (whole pool, or
 // the gathered active pages), so the bf16 attention path can run on the result.
-#include "bench/baselines/baselines_cuda.h"
+#include "tools/fp8mla/strategies/strategies_cuda.h"
 #include "src/cuda/cuda_check.h"
 #include "src/cuda/ops/convert.cuh"
 
-namespace fp8mla::baselines {
+namespace fp8mla::strategies {
 namespace {
 
 struct CastParams {
@@ -112,4 +112,4 @@ void cuda_gather_cast_to_bf16(const KvCacheView& src, const std::int32_t* pages,
   launch(src, pages, n, dst, stream);
 }
 
-}  // namespace fp8mla::baselines
+}  // namespace fp8mla::strategies

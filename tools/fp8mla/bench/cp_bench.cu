@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "bench/gpu_bench.h"
-#include "bench/gpu_bench_util.cuh"
+#include "tools/fp8mla/bench/gpu_bench.h"
+#include "tools/fp8mla/bench/gpu_bench_util.cuh"
 #include "fp8mla/attention.h"
 #include "fp8mla/context_parallel.h"
 #include "src/core/backend.h"

@@ -1,7 +1,7 @@
-// The CPU baselines against the library's own decode: every token they write must be exactly
+// The CPU strategies against the library's own decode: every token they write must be exactly
 // float_to_bf16(read_token(...)), for every format and page size, and bad views must fail with
 // an error naming the view.
-#include "bench/baselines/baselines.h"
+#include "tools/fp8mla/strategies/strategies.h"
 
 #include <gtest/gtest.h>
 
@@ -14,7 +14,7 @@
 #include "fp8mla/error.h"
 #include "fp8mla/format.h"
 
-namespace fp8mla::baselines {
+namespace fp8mla::strategies {
 namespace {
 
 struct Case {
@@ -76,7 +76,7 @@ void expect_token(const PagedLatentCache& cache, std::int64_t slot, const std::u
   }
 }
 
-TEST(Baselines, CastPoolMatchesReadToken) {
+TEST(Strategies, CastPoolMatchesReadToken) {
   for (const Case& c : kCases) {
     SCOPED_TRACE(std::string(format_name(c.format)) + " page " + std::to_string(c.page_size));
     const std::int64_t pages = 4096 / c.page_size + 3;  // enough tokens to use threads
@@ -91,7 +91,7 @@ TEST(Baselines, CastPoolMatchesReadToken) {
   }
 }
 
-TEST(Baselines, GatherCastMatchesReadToken) {
+TEST(Strategies, GatherCastMatchesReadToken) {
   for (const Case& c : kCases) {
     SCOPED_TRACE(std::string(format_name(c.format)) + " page " + std::to_string(c.page_size));
     const std::int64_t pages = 40;
@@ -122,7 +122,7 @@ void expect_error(Fn&& fn, ErrorCode code, const std::string& argument) {
   }
 }
 
-TEST(Baselines, BadViewsNameTheArgument) {
+TEST(Strategies, BadViewsNameTheArgument) {
   const Case c{KvFormat::fp8_e4m3, 16};
   const PagedLatentCache cache = filled_cache(c, 8);
   Bf16Pool ok(8, 16);
@@ -152,7 +152,7 @@ TEST(Baselines, BadViewsNameTheArgument) {
 }
 
 #ifndef FP8MLA_WITH_CUDA
-TEST(Baselines, DeviceViewsNeedCuda) {
+TEST(Strategies, DeviceViewsNeedCuda) {
   const Case c{KvFormat::fp8_e4m3, 16};
   const PagedLatentCache cache = filled_cache(c, 4);
   Bf16Pool dst(4, 16);
@@ -165,4 +165,4 @@ TEST(Baselines, DeviceViewsNeedCuda) {
 #endif
 
 }  // namespace
-}  // namespace fp8mla::baselines
+}  // namespace fp8mla::strategies

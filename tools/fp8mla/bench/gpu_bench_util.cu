@@ -1,9 +1,9 @@
-// The GPU benchmarks' shared kernels and views (bench/gpu_bench_util.cuh).
+// The GPU benchmarks' shared kernels and views (gpu_bench_util.cuh).
 #include <cmath>
 #include <numeric>
 #include <random>
 
-#include "bench/gpu_bench_util.cuh"
+#include "tools/fp8mla/bench/gpu_bench_util.cuh"
 
 namespace fp8mla::bench {
 namespace {
