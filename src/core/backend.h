@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <utility>
 
 #include "fp8mla/attention.h"
@@ -26,6 +27,9 @@ void cpu_merge_states(const TensorView& v, const TensorView& s, const TensorView
 // ---- CUDA backend (src/cuda) ----
 bool cuda_built() noexcept;        // false in a build without CUDA
 int cuda_device_count() noexcept;  // 0 when none is visible (or not built)
+// Empty when a CUDA device is visible; otherwise why not, in words for a person (no CUDA
+// backend in this build, no NVIDIA driver or one too old for this build's runtime, no device).
+std::string cuda_unavailable_reason();
 int cuda_sm_count(int device_id);  // multiprocessors of the device
 // The device's compute capability as 10 * major + minor (90 for sm_90).
 int cuda_compute_capability(int device_id);

@@ -17,6 +17,9 @@ bool cuda_built() noexcept {
 int cuda_device_count() noexcept {
   return 0;
 }
+std::string cuda_unavailable_reason() {
+  return "this build of fp8mla has no CUDA backend (configure with -DFP8MLA_CUDA=ON)";
+}
 int cuda_sm_count(int) {
   no_cuda("device");
 }

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -24,6 +25,21 @@ int cuda_device_count() noexcept {
     return 0;
   }
   return n;
+}
+
+std::string cuda_unavailable_reason() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  (void)cudaGetLastError();
+  if (e == cudaSuccess && n > 0) return {};
+  if (e == cudaSuccess || e == cudaErrorNoDevice) return "the NVIDIA driver sees no CUDA device";
+  const std::string runtime =
+      std::to_string(CUDART_VERSION / 1000) + "." + std::to_string(CUDART_VERSION % 1000 / 10);
+  if (e == cudaErrorInsufficientDriver)
+    return "no NVIDIA driver is loaded, or it is older than this build's CUDA " + runtime +
+           " runtime needs (nvidia-smi shows the driver and the CUDA version it supports)";
+  return std::string("the CUDA runtime cannot use a device (") + cudaGetErrorName(e) + ": " +
+         cudaGetErrorString(e) + ")";
 }
 
 namespace {

@@ -195,6 +195,10 @@ void ArgParser::set_default_text(std::string_view name, std::string text) {
   if (Option* o = find(name)) o->default_text = std::move(text);
 }
 
+void ArgParser::hide(std::string_view name) {
+  if (Option* o = find(name)) o->hidden = true;
+}
+
 bool ArgParser::given(std::string_view name) const {
   for (const Option& o : options_) {
     if (o.name == name) return o.seen;
@@ -240,6 +244,7 @@ bool ArgParser::parse(std::span<const std::string_view> args) {
       std::string hint;
       std::size_t best = 3;  // suggest only close matches
       for (const Option& candidate : options_) {
+        if (candidate.hidden) continue;
         const std::size_t d = edit_distance(name, candidate.name);
         if (d < best) {
           best = d;
@@ -301,11 +306,12 @@ std::string ArgParser::help() const {
   std::size_t width = 0;
   for (const Option& o : options_) {
     heads.push_back("--" + o.name + (o.metavar.empty() ? "" : " " + o.metavar));
-    width = std::max(width, heads.back().size());
+    if (!o.hidden) width = std::max(width, heads.back().size());
   }
   width = std::min<std::size_t>(width, 30);
   for (std::size_t i = 0; i < options_.size(); ++i) {
     const Option& o = options_[i];
+    if (o.hidden) continue;
     os << "  " << heads[i];
     if (heads[i].size() > width) {
       os << "\n  " << std::string(width, ' ');

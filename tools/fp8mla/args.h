@@ -45,6 +45,9 @@ class ArgParser {
   void set_default_text(std::string_view name, std::string text);
   // Free text appended to --help (examples, notes).
   void set_epilog(std::string epilog) { epilog_ = std::move(epilog); }
+  // Keeps an option out of --help and out of "did you mean" hints: an internal option that one
+  // process of the command passes to another (it is still parsed and checked).
+  void hide(std::string_view name);
 
   // Parses the arguments after the subcommand. Returns false when --help / -h was given (the
   // help text is then printed to stdout and nothing else is parsed). Throws UsageError.
@@ -60,6 +63,7 @@ class ArgParser {
     std::string help;
     std::string default_text;
     bool is_flag = false;
+    bool hidden = false;
     bool seen = false;
     std::function<void(std::string_view)> set;
   };

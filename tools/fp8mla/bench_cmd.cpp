@@ -73,7 +73,7 @@ void run_cpu_case(CpuCase& c, bool baselines, double budget_s) {
   wc.page_size = c.page_size;
   wc.batch = c.batch;
   wc.mean_context = c.context;
-  wc.ragged = false;  // the ANCHORS.md grid: every request has the same context
+  wc.ragged = false;  // as the peers' grid (docs/performance.md): one context for all
   wc.qo_len = c.qo_len;
   wc.pool_tokens =
       std::int64_t{c.batch} * ((c.context + c.page_size - 1) / c.page_size) * c.page_size;
@@ -264,7 +264,7 @@ int run_bench(std::span<const std::string_view> argv) {
   BenchOptions o;
   ArgParser ap("fp8mla bench",
                "Benchmarks MLA decode. With a CUDA device: measures the device's copy / read /\n"
-               "matmul ceilings, then the ANCHORS.md grid (batch x heads x context x page size x\n"
+               "matmul ceilings, then the peers' grid (batch x heads x context x page size x\n"
                "format, plus the cast-pool and gather-then-cast baselines) in CUDA graphs, each\n"
                "call reading a different region of a pool far larger than L2. Without one: the\n"
                "CPU fast path against the float64 reference, per format.");
@@ -312,11 +312,15 @@ int run_bench(std::span<const std::string_view> argv) {
              0, 8);
   ap.add_int("cp-rank", &o.cp_rank, "internal: the rank of a process --cp started", -1, 7);
   ap.add_string("cp-id", &o.cp_id, "HEX", "internal: the NCCL id --cp's launcher made");
+  ap.hide("cp-rank");  // --cp's launcher passes them to the processes it starts
+  ap.hide("cp-id");
   ap.set_epilog(
       "examples:\n  fp8mla bench --quick\n"
       "  fp8mla bench --batch 1,64 --heads 8 --context 4096 --format fp8_e4m3\n"
       "  fp8mla bench --cp 2 --quick");
   if (!ap.parse(argv)) return 0;
+  if (!o.json.empty() && o.cp_rank < 0) require_writable("fp8mla bench", "--json", o.json);
+  if (o.device == "cuda") require_cuda_device();
 
   if (o.cp > 0 || o.cp_rank >= 0) {
     if (o.cp < 1) throw UsageError("fp8mla bench: --cp-rank: only with --cp");

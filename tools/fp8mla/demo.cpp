@@ -150,7 +150,7 @@ int run_demo(std::span<const std::string_view> argv) {
                "pool, done three ways on the same inputs: (1) cast the whole pool to bf16 and\n"
                "attend, (2) gather the active pages to bf16 and attend, (3) attend on the FP8\n"
                "cache directly. Checks that all three agree; prints bytes, time and speedup.");
-  ap.add_choice("model", &o.model, model_names(), "attention shape preset (ANCHORS.md)");
+  ap.add_choice("model", &o.model, model_names(), "attention shape preset: layers, heads per GPU at TP8, softmax scale");
   ap.add_int("layers", &o.layers, "layers in the step", 1, 1000);
   ap.set_default_text("layers", "the model's: 78 for glm-5, 61 for the others");
   ap.add_int("batch", &o.batch, "decode requests in the batch", 1, 4096);
@@ -181,7 +181,7 @@ int run_demo(std::span<const std::string_view> argv) {
       "2 for a bad command line.\n\n"
       "examples:\n"
       "  fp8mla demo\n"
-      "  fp8mla demo --model deepseek-v3 --batch 16 --context 8192 --pool 262144\n"
+      "  fp8mla demo --model kimi-k2 --batch 16 --context 8192 --pool 262144\n"
       "  fp8mla demo --format fp8_e4m3_block --page-size 64 --json demo.json\n"
       "  fp8mla demo --layers 12 --plot demo.svg");
   if (!ap.parse(argv)) return 0;
@@ -189,6 +189,8 @@ int run_demo(std::span<const std::string_view> argv) {
     throw UsageError("fp8mla demo: --page-size: expected a power of two in [1, 128], got " +
                      std::to_string(o.page_size) + " (see 'fp8mla demo --help')");
   }
+  if (!o.json.empty()) require_writable("fp8mla demo", "--json", o.json);
+  if (o.device == "cuda") require_cuda_device();
 
   const ModelPreset& model = *find_model(o.model);
   const DeviceKind device = o.device == "cuda"  ? DeviceKind::cuda
@@ -211,20 +213,28 @@ int run_demo(std::span<const std::string_view> argv) {
   const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
 
   const Clock::time_point setup_start = Clock::now();
-  const Workload w = make_workload(wc);
+  const Workload w = [&] {
+    try {
+      return make_workload(wc);
+    } catch (const Error& e) {  // a pool too small for the batch: the command line's to fix
+      if (e.argument() != "--pool") throw;
+      throw UsageError(std::string("fp8mla demo: ") + e.what() + " (see 'fp8mla demo --help')");
+    }
+  }();
   const std::int64_t pool_tokens = w.num_pages * wc.page_size;
   const auto [min_len, max_len] = std::minmax_element(w.kv_len.begin(), w.kv_len.end());
 
   std::printf("fp8mla demo: one decode step of %s attention, three ways\n\n",
               std::string(model.display).c_str());
   std::printf(
-      "  model    %s: %d layers, %d heads per GPU (TP8), q/k 576 = 512 + 64, v 512, "
+      "  model    %s: %s, %d heads per GPU (TP8), q/k 576 = 512 + 64, v 512, "
       "sm_scale %g\n",
-      std::string(model.display).c_str(), layers, heads, static_cast<double>(model.sm_scale));
+      std::string(model.display).c_str(), count_of(layers, "layer").c_str(), heads,
+      static_cast<double>(model.sm_scale));
   if (gpu) {
     std::printf("  device   cuda:%d\n", wc.device_id);
   } else {
-    std::printf("  device   cpu, %u threads (the library's fast path)\n", threads);
+    std::printf("  device   cpu, %s (the library's fast path)\n", count_of(threads, "thread").c_str());
   }
   std::printf("  pool     %s tokens %s (%lld B/token, %s), page size %d\n",
               format_count(pool_tokens).c_str(), format_name(wc.format), static_cast<long long>(tb),
@@ -237,16 +247,19 @@ int run_demo(std::span<const std::string_view> argv) {
         static_cast<double>(kStoryPoolTokens) / static_cast<double>(pool_tokens),
         static_cast<long long>(kStoryPoolTokens));
   }
+  if (layers > 1) {
+    std::printf(
+        "           one pool serves all %d layers to save memory (a model has one per "
+        "layer);\n           every layer still casts or reads it as its own\n",
+        layers);
+  }
   std::printf(
-      "           one pool serves all %d layers to save memory (a model has one per "
-      "layer);\n           every layer still casts or reads it as its own\n",
-      layers);
-  std::printf(
-      "  batch    %d decode requests, ragged contexts %s..%s tokens (mean %s, seed "
-      "%lld):\n           %s active tokens in %s pages = %.1f%% of the pool\n",
-      w.batch(), format_count(*min_len).c_str(), format_count(*max_len).c_str(),
-      format_count(wc.mean_context).c_str(), static_cast<long long>(o.seed),
-      format_count(w.active_tokens).c_str(), format_count(w.active_pages).c_str(),
+      "  batch    %s, ragged contexts %s..%s tokens (mean %s, seed "
+      "%lld):\n           %s in %s = %.1f%% of the pool\n",
+      count_of(w.batch(), "decode request").c_str(), format_count(*min_len).c_str(),
+      format_count(*max_len).c_str(), format_count(wc.mean_context).c_str(),
+      static_cast<long long>(o.seed), count_of(w.active_tokens, "active token").c_str(),
+      count_of(w.active_pages, "page").c_str(),
       100.0 * static_cast<double>(w.active_tokens) / static_cast<double>(pool_tokens));
   if (wc.qo_len > 1) {
     std::printf("  queries  %d query tokens a request (MTP / speculative verify, causal), ",
@@ -400,9 +413,8 @@ int run_demo(std::span<const std::string_view> argv) {
   const double bytes3 = static_cast<double>(w.active_tokens * tb);
   const double step1 = mean.total1() * layers, step2 = mean.total2() * layers;
   const double step3 = mean.native_s * layers;
-  std::printf(
-      "per step (%d layers)            KV bytes moved    time ms     GB/s   speedup vs (1)\n",
-      layers);
+  std::printf("%-31s KV bytes moved    time ms     GB/s   speedup vs (1)\n",
+              ("per step (" + count_of(layers, "layer") + ")").c_str());
   auto row = [&](const char* name, double bytes, double t, const std::string& note) {
     std::printf("  %-28s %14s %10s %8s %10s%s\n", name, format_bytes(bytes * layers).c_str(),
                 format_fixed(t * 1e3, 1).c_str(), format_fixed(bytes * layers / t / 1e9, 1).c_str(),
@@ -430,13 +442,20 @@ int run_demo(std::span<const std::string_view> argv) {
   }
   std::printf("\n  plan: %.3f ms per strategy, once per step for all layers (not in the times)\n",
               plan_s * 1e3);
-  std::printf("  setup %.1f s, %d layers x 3 strategies %.1f s\n", setup_s, layers, run_s);
+  std::printf("  setup %.1f s, %s x 3 strategies %.1f s\n", setup_s,
+              count_of(layers, "layer").c_str(), run_s);
+  // The story's figure for the chosen model and format: its layers' casts of the whole pool at
+  // the rate an engine's cast reached on an H200 (kStoryCastBytesPerSecond).
   const double story_cast =
       static_cast<double>(kStoryPoolTokens) * static_cast<double>(tb + 2 * kDimQk) * model.layers;
   std::printf(
-      "  at the story's scale (%s-token pool, %d layers) (1)'s cast alone moves %s per step;"
-      "\n  ANCHORS.md measured that cast at 0.90 ms per layer, 70 ms per step, on an H200\n\n",
-      format_count(kStoryPoolTokens).c_str(), model.layers, format_bytes(story_cast).c_str());
+      "  at the story's scale (a %s-token pool, %s's %s) (1)'s cast alone\n"
+      "  moves %s a step: %s ms (%.2f ms a layer) at the %.2f TB/s an engine's bf16 cast\n"
+      "  reached on an H200\n\n",
+      format_count(kStoryPoolTokens).c_str(), std::string(model.display).c_str(),
+      count_of(model.layers, "layer").c_str(), format_bytes(story_cast).c_str(),
+      format_fixed(story_cast / kStoryCastBytesPerSecond * 1e3, 1).c_str(),
+      story_cast / model.layers / kStoryCastBytesPerSecond * 1e3, kStoryCastBytesPerSecond / 1e12);
 
   const bool ok = agree && ref_ok;
   if (ok) {
@@ -456,7 +475,7 @@ int run_demo(std::span<const std::string_view> argv) {
   if (!o.json.empty()) {
     JsonWriter j;
     j.begin_object();
-    j.value("command", "demo").value("ok", ok).value("model", model.name);
+    j.value("command", "demo").value("ok", ok).value("model", model_key(model));
     j.value("layers", layers).value("heads", heads).value("sm_scale", double{model.sm_scale});
     j.value("device", device_name(device)).value("format", format_name(wc.format));
     j.value("pool_tokens", pool_tokens).value("page_size", wc.page_size);

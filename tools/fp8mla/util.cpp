@@ -5,13 +5,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <stdexcept>
 #include <utility>
 
+#include "fp8mla/error.h"
 #include "fp8mla/format.h"
 #include "src/core/backend.h"
+#include "tools/fp8mla/args.h"
 
 namespace fp8mla::cli {
 
@@ -161,6 +165,13 @@ std::string format_count(std::int64_t n) {
   return n < 0 ? "-" + out : out;
 }
 
+std::string count_of(std::int64_t n, std::string_view noun) {
+  std::string out = format_count(n) + " ";
+  out += noun;
+  if (n != 1) out += 's';
+  return out;
+}
+
 // ---- Progress ----
 
 Progress::Progress(std::string label, std::int64_t total, bool enabled)
@@ -306,6 +317,30 @@ void JsonWriter::save(const std::string& path) const {
   std::ofstream f(path);
   f << out_ << "\n";
   if (!f) throw std::runtime_error("--json: cannot write '" + path + "'");
+}
+
+// ---- checks before a run ----
+
+void require_writable(std::string_view command, std::string_view option, const std::string& path) {
+  std::error_code ec;
+  const bool existed = std::filesystem::exists(path, ec);
+  errno = 0;
+  const bool ok = std::ofstream(path, std::ios::app).good();
+  const int err = errno;
+  if (!existed) std::filesystem::remove(path, ec);
+  if (!ok) {
+    std::string message(command);
+    message += ": ";
+    message += option;
+    message += ": cannot write '" + path + "'";
+    if (err != 0) message += std::string(" (") + std::strerror(err) + ")";
+    throw UsageError(message);
+  }
+}
+
+void require_cuda_device() {
+  const std::string why = detail::cuda_unavailable_reason();
+  if (!why.empty()) throw Error(ErrorCode::unsupported, "--device cuda", why);
 }
 
 }  // namespace fp8mla::cli

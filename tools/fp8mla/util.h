@@ -111,6 +111,8 @@ inline bool passes(const Comparison& c, double rel_tol) {
 std::string format_bytes(double bytes);
 // "12,345".
 std::string format_count(std::int64_t n);
+// "1 layer", "78 layers", "1,024 pages": format_count(n) and the noun, plural ("s") unless n is 1.
+std::string count_of(std::int64_t n, std::string_view noun);
 // Fixed-point with `digits` decimals.
 std::string format_fixed(double v, int digits);
 // "1.2e-03".
@@ -156,5 +158,14 @@ class JsonWriter {
   std::string out_;
   std::vector<bool> first_;  // per open container: no element written yet
 };
+
+// Checks before a run that `path` can be written (created, or rewritten), so a command fails at
+// once instead of after its work; a file the check creates is removed again. Throws UsageError
+// "<command>: <option>: cannot write '<path>' (<reason>)".
+void require_writable(std::string_view command, std::string_view option, const std::string& path);
+
+// Throws Error(unsupported) naming "--device cuda" and saying why in words (no CUDA backend in
+// this build, no NVIDIA driver, no device) unless a CUDA device is visible.
+void require_cuda_device();
 
 }  // namespace fp8mla::cli

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cstring>
 #include <thread>
 
@@ -13,9 +14,9 @@ namespace fp8mla::cli {
 namespace {
 
 constexpr std::array<ModelPreset, 3> kModels = {{
-    {"glm-5", "GLM-5", 78, 8, 0.0625f},
-    {"deepseek-v3", "DeepSeek-V3", 61, 16, 0.13523f},
-    {"kimi-k2", "Kimi-K2", 61, 8, 0.13086f},
+    {"GLM-5", 78, 8, 0.0625f},
+    {"DeepSeek-V3", 61, 16, 0.13523f},
+    {"Kimi-K2", 61, 8, 0.13086f},
 }};
 
 // Fills the tokens of `pages` with quantized random values, spread over the cores. Each page
@@ -50,16 +51,22 @@ void fill_pages(PagedLatentCache& cache, std::span<const std::int32_t> pages, st
 
 }  // namespace
 
-const ModelPreset* find_model(std::string_view name) {
+std::string model_key(const ModelPreset& model) {
+  std::string key(model.display);
+  for (char& c : key) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return key;
+}
+
+const ModelPreset* find_model(std::string_view key) {
   for (const ModelPreset& m : kModels) {
-    if (m.name == name) return &m;
+    if (model_key(m) == key) return &m;
   }
   return nullptr;
 }
 
 std::vector<std::string> model_names() {
   std::vector<std::string> names;
-  for (const ModelPreset& m : kModels) names.emplace_back(m.name);
+  for (const ModelPreset& m : kModels) names.push_back(model_key(m));
   return names;
 }
 

@@ -15,20 +15,23 @@
 
 namespace fp8mla::cli {
 
-// The attention part of a model (ANCHORS.md, "Model shapes"); every one is 576/512 wide.
+// The attention part of a model (docs/design/architecture.md); every one is 576/512 wide.
 struct ModelPreset {
-  std::string_view name;     // the --model spelling
-  std::string_view display;  // for output
+  std::string_view display;  // for output; lowercased, the --model spelling (model_key)
   int layers;
   int heads_per_gpu;  // at TP8
   float sm_scale;     // as SGLang computes it (YaRN mscale^2 folded in)
 };
-// glm-5, deepseek-v3, kimi-k2. Returns nullptr for an unknown name.
-const ModelPreset* find_model(std::string_view name);
+// The presets' --model spellings, in order; find_model(key) returns nullptr for an unknown one.
 std::vector<std::string> model_names();
+const ModelPreset* find_model(std::string_view key);
+std::string model_key(const ModelPreset& model);
 
-// The story: GLM-5 at TP8 on 8xH200 serves from a 495,040-token FP8 pool.
+// The story: GLM-5 at TP8 on 8xH200 serves from a 495,040-token FP8 pool, and an engine's cast
+// of that whole pool to bf16 (576 bytes read and 1152 written a token) took 0.90 ms a layer on
+// an H200: ~0.95 TB/s.
 inline constexpr std::int64_t kStoryPoolTokens = 495040;
+inline constexpr double kStoryCastBytesPerSecond = 495040.0 * (576 + 1152) / 0.90e-3;
 
 struct WorkloadConfig {
   std::int64_t pool_tokens = 0;  // rounded up to whole pages

@@ -281,11 +281,8 @@ void write_json(const std::string& path, const Ceilings& c, const std::vector<Ca
 }  // namespace
 
 int run_gpu_bench(const GpuBenchOptions& o) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    (void)cudaGetLastError();
-    throw Error(ErrorCode::unsupported, "bench", "no CUDA device is visible");
-  }
+  const std::string why = detail::cuda_unavailable_reason();
+  if (!why.empty()) throw Error(ErrorCode::unsupported, "--device cuda", why);
   FP8MLA_CUDA_CHECK(cudaSetDevice(0));
   cudaStream_t s;
   FP8MLA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));

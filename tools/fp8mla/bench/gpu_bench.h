@@ -33,7 +33,7 @@ struct GpuBenchSummary {
 
 struct GpuBenchOptions {
   bool quick = false;        // ~1 minute: fewer cases and repetitions
-  std::vector<int> batches;  // empty = the ANCHORS.md grid
+  std::vector<int> batches;  // empty = the peers' grid (docs/performance.md)
   std::vector<int> heads;
   std::vector<int> contexts;
   std::vector<int> page_sizes;    // empty = {64, 1}

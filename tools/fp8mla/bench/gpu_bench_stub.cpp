@@ -5,7 +5,7 @@
 namespace fp8mla::bench {
 
 int run_gpu_bench(const GpuBenchOptions&) {
-  throw Error(ErrorCode::unsupported, "bench",
+  throw Error(ErrorCode::unsupported, "--device cuda",
               "the GPU benchmark needs a build with CUDA (configure with -DFP8MLA_CUDA=ON) and a "
               "CUDA device");
 }
