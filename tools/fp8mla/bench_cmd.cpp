@@ -320,6 +320,7 @@ int run_bench(std::span<const std::string_view> argv) {
       "  fp8mla bench --cp 2 --quick");
   if (!ap.parse(argv)) return 0;
   if (!o.json.empty() && o.cp_rank < 0) require_writable("fp8mla bench", "--json", o.json);
+  if (!o.plot.empty() && o.cp_rank < 0) require_writable("fp8mla bench", "--plot", o.plot);
   if (o.device == "cuda") require_cuda_device();
 
   if (o.cp > 0 || o.cp_rank >= 0) {

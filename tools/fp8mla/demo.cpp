@@ -190,6 +190,7 @@ int run_demo(std::span<const std::string_view> argv) {
                      std::to_string(o.page_size) + " (see 'fp8mla demo --help')");
   }
   if (!o.json.empty()) require_writable("fp8mla demo", "--json", o.json);
+  if (!o.plot.empty()) require_writable("fp8mla demo", "--plot", o.plot);
   if (o.device == "cuda") require_cuda_device();
 
   const ModelPreset& model = *find_model(o.model);
