@@ -137,8 +137,10 @@ def decode_step(torch, fp8mla, args, model, wrapper, strategy, state):
             kv = pool[gather_ids].to(torch.bfloat16)
         else:
             kv = pool
+        # An FP8 cache takes its scales as FlashInfer's does: this pool is unscaled (SGLang's).
+        scales = {"ckv_scale": 1.0, "kpe_scale": 1.0} if strategy == "native" else {}
         out = wrapper.run(q[:, :, :DIM_CKV], q[:, :, DIM_CKV:], kv[:, :, :DIM_CKV],
-                          kv[:, :, DIM_CKV:])
+                          kv[:, :, DIM_CKV:], **scales)
         x = torch.matmul(out.reshape(b, h * DIM_CKV), layer["wo"])
     state["lens"] = [n + 1 for n in lens]
     return x
