@@ -137,7 +137,7 @@ int run_plot(std::span<const std::string_view> argv) {
   ap.add_string("out", &out, "FILE.svg", "where to write the picture (required)");
   ap.set_epilog(
       "examples:\n"
-      "  fp8mla plot bench/results/h200_s29_bench.json --out roofline.svg\n"
+      "  fp8mla plot bench/results/h200_bench.json --out roofline.svg\n"
       "  fp8mla demo --json demo.json && fp8mla plot demo.json --out demo.svg");
   if (!ap.parse(argv)) return 0;
   if (out.empty()) throw UsageError("fp8mla plot: --out: required (see 'fp8mla plot --help')");
