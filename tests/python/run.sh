@@ -41,7 +41,7 @@ if [[ "${FP8MLA_PY_OFFLINE:-0}" != "1" ]]; then
   python="$venv/bin/python"
   echo "== installing test dependencies"
   "$python" -m pip install --disable-pip-version-check -q \
-    numpy pytest "nanobind>=2.2" "scikit-build-core>=0.10"
+    numpy pytest matplotlib "nanobind>=2.2" "scikit-build-core>=0.10"
   if [[ "${FP8MLA_PY_TORCH:-1}" != "0" ]]; then
     echo "== installing torch (tests/python/requirements-torch.txt)"
     "$python" -m pip install --disable-pip-version-check -q -r tests/python/requirements-torch.txt
