@@ -26,6 +26,8 @@ struct BenchOptions {
   bool quick = false;
   std::vector<int> batches, heads, contexts, page_sizes, qo_lens;
   std::vector<std::string> formats;
+  bool sparse = false;     // --sparse: the sparse top-k grid instead of the dense one
+  std::vector<int> topks;  // --topk: its k values
   bool no_baselines = false;
   std::string json;
   std::string plot;  // --plot: the roofline, as SVG
@@ -266,24 +268,32 @@ int run_bench(std::span<const std::string_view> argv) {
                "Benchmarks MLA decode. With a CUDA device: measures the device's copy / read /\n"
                "matmul ceilings, then the peers' grid (batch x heads x context x page size x\n"
                "format, plus the cast-pool and gather-then-cast baselines) in CUDA graphs, each\n"
-               "call reading a different region of a pool far larger than L2. Without one: the\n"
-               "CPU fast path against the float64 reference, per format.");
+               "call reading a different region of a pool far larger than L2; with --sparse,\n"
+               "the sparse top-k grid instead. Without one: the CPU fast path against the\n"
+               "float64 reference, per format.");
   ap.add_flag("quick", &o.quick, "a short run (about a minute): fewer cases and repetitions");
   ap.add_int_list("batch", &o.batches, "batch sizes", 1, 4096);
   ap.set_default_text("batch", "gpu: 1,16,64,128; cpu: 1,16 (quick: 4)");
   ap.add_int_list("heads", &o.heads, "query heads per request", 1, kMaxHeads);
-  ap.set_default_text("heads", "gpu: 8,16,128; cpu: 8,128 (quick: 8)");
+  ap.set_default_text("heads", "gpu: 8,16,128; --sparse: 8,16,64,128; cpu: 8,128 (quick: 8)");
   ap.add_int_list("context", &o.contexts, "context lengths in tokens", 1, 1 << 24);
   ap.set_default_text("context", "gpu: 4096,32768,131072 at bs 1, 4096/8192 otherwise; cpu: 4096");
   ap.add_int_list("page-size", &o.page_sizes, "page sizes (powers of two)", 1, kMaxPageSize);
-  ap.set_default_text("page-size", "64,1 (cpu quick: 64)");
+  ap.set_default_text("page-size", "64,1 (cpu quick: 64); --sparse: 1,64 (quick: 64)");
   ap.add_int_list("qo-len", &o.qo_lens,
                   "query tokens a request, causal (MTP / speculative verify: 2-8; larger for "
                   "chunked prefill); none above the shortest context",
                   1, 4096);
-  ap.set_default_text("qo-len", "1 (decode)");
+  ap.set_default_text("qo-len", "1 (decode); --sparse: 1,2 (MTP)");
   ap.add_choice_list("format", &o.formats, {"fp8_e4m3", "fp8_e4m3_block", "bf16"}, "KV formats");
-  ap.set_default_text("format", "gpu: fp8_e4m3,bf16; cpu: all three");
+  ap.set_default_text("format", "gpu: fp8_e4m3,bf16; cpu: all three; --sparse: fp8_e4m3_block,fp8_e4m3");
+  ap.add_flag("sparse", &o.sparse,
+              "cuda: the sparse top-k grid (DeepSeek sparse attention) instead of the dense one: "
+              "each query token reads its own --topk slots, drawn over the whole pool (>= 1M "
+              "tokens; k / 20 of them -1), batch x heads x qo-len x page size x format; "
+              "--quick: 5 (k, heads, batch) cases at qo 1 and 2, pages of 64");
+  ap.add_int_list("topk", &o.topks, "--sparse: slots each query token reads", 1, 1 << 16);
+  ap.set_default_text("topk", "2048,512");
   ap.add_flag("no-baselines", &o.no_baselines, "skip the cast-pool / gather-then-cast baselines");
   ap.add_string("json", &o.json, "FILE", "also write the results as JSON to FILE");
   ap.add_string("plot", &o.plot, "FILE.svg",
@@ -317,11 +327,27 @@ int run_bench(std::span<const std::string_view> argv) {
   ap.set_epilog(
       "examples:\n  fp8mla bench --quick\n"
       "  fp8mla bench --batch 1,64 --heads 8 --context 4096 --format fp8_e4m3\n"
+      "  fp8mla bench --sparse --topk 2048 --heads 8,64 --batch 128 --json sparse.json\n"
       "  fp8mla bench --cp 2 --quick");
   if (!ap.parse(argv)) return 0;
   if (!o.json.empty() && o.cp_rank < 0) require_writable("fp8mla bench", "--json", o.json);
   if (!o.plot.empty() && o.cp_rank < 0) require_writable("fp8mla bench", "--plot", o.plot);
   if (o.device == "cuda") require_cuda_device();
+
+  if (!o.sparse && ap.given("topk")) throw UsageError("fp8mla bench: --topk: only with --sparse");
+  if (o.sparse) {
+    if (o.cp > 0 || o.cp_rank >= 0)
+      throw UsageError("fp8mla bench: --sparse: not with --cp (it times one dense request)");
+    if (ap.given("context")) {
+      throw UsageError(
+          "fp8mla bench: --context: not with --sparse (a query token reads its --topk slots, "
+          "drawn over the whole pool)");
+    }
+    if (o.no_baselines)
+      throw UsageError("fp8mla bench: --no-baselines: --sparse runs no baselines");
+    if (o.device == "cpu")
+      throw UsageError("fp8mla bench: --device cpu: --sparse runs on a CUDA device");
+  }
 
   if (o.cp > 0 || o.cp_rank >= 0) {
     if (o.cp < 1) throw UsageError("fp8mla bench: --cp-rank: only with --cp");
@@ -359,12 +385,18 @@ int run_bench(std::span<const std::string_view> argv) {
   // Causal query tokens need as many cache tokens (the default contexts are all >= 4096).
   const int shortest = o.contexts.empty() ? 4096 : *std::ranges::min_element(o.contexts);
   for (const int qo : o.qo_lens) {
-    if (qo > shortest) {
+    if (!o.sparse && qo > shortest) {
       throw UsageError("fp8mla bench: --qo-len: " + std::to_string(qo) +
                        " is more than the shortest --context, " + std::to_string(shortest));
     }
   }
   const bool gpu = o.device == "cuda" || (o.device == "auto" && cuda_available());
+  if (o.sparse && !gpu) {
+    const std::string why = detail::cuda_unavailable_reason();
+    throw Error(ErrorCode::unsupported, "--sparse",
+                "the sparse top-k grid runs on a CUDA device: " +
+                    (why.empty() ? std::string("none is visible") : why));
+  }
   if (gpu) {
     bench::GpuBenchOptions g;
     g.quick = o.quick;
@@ -374,6 +406,8 @@ int run_bench(std::span<const std::string_view> argv) {
     g.page_sizes = o.page_sizes;
     g.qo_lens = o.qo_lens;
     for (const std::string& f : o.formats) g.formats.push_back(parse_format(f));
+    g.sparse = o.sparse;
+    g.topks = o.topks;
     g.baselines = !o.no_baselines;
     g.json_path = o.json;
     g.progress = !o.no_progress;

@@ -12,7 +12,8 @@
 namespace fp8mla::cli {
 
 std::string roofline_series(const std::string& strategy, const std::string& format,
-                            const std::string& kernel) {
+                            const std::string& kernel, bool sparse) {
+  if (sparse) return "sparse " + (kernel.empty() ? format : kernel);
   if (strategy == "native") return "native " + (kernel.empty() ? format : kernel);
   return strategy + " " + format;
 }
@@ -27,14 +28,29 @@ RooflineData roofline_from_gpu(const bench::GpuBenchSummary& run) {
   d.note =
       "bytes: the format's KV bytes of every context token once, for the baselines too (they "
       "sit lower by the traffic they add)";
+  bool any_sparse = false;
   for (const bench::GpuBenchCase& c : run.cases) {
     if (c.gbs <= 0 || c.tfs <= 0) continue;
-    char label[160];
-    std::snprintf(label, sizeof label,
-                  "bs %d, %d heads, ctx %d, qo %d, page %d: %.1f us, %.0f GB/s, %.1f TF/s", c.batch,
-                  c.heads, c.context, c.qo_len, c.page_size, c.us, c.gbs, c.tfs);
-    d.points.push_back({roofline_series(c.strategy, format_name(c.format), c.kernel),
+    char label[200];
+    if (c.topk > 0) {
+      any_sparse = true;
+      std::snprintf(label, sizeof label,
+                    "sparse top-%d, bs %d, %d heads, qo %d, page %d, %s: %.1f us, %.0f GB/s, "
+                    "%.1f TF/s",
+                    c.topk, c.batch, c.heads, c.qo_len, c.page_size, format_name(c.format), c.us,
+                    c.gbs, c.tfs);
+    } else {
+      std::snprintf(label, sizeof label,
+                    "bs %d, %d heads, ctx %d, qo %d, page %d: %.1f us, %.0f GB/s, %.1f TF/s",
+                    c.batch, c.heads, c.context, c.qo_len, c.page_size, c.us, c.gbs, c.tfs);
+    }
+    d.points.push_back({roofline_series(c.strategy, format_name(c.format), c.kernel, c.topk > 0),
                         c.tfs * 1e3 / c.gbs, c.tfs, label});
+  }
+  if (any_sparse) {
+    d.note =
+        "bytes: the format's KV bytes of every token read once (dense: every context token; "
+        "sparse: every top-k slot not -1)";
   }
   return d;
 }

@@ -54,6 +54,7 @@ RooflineData gpu_bench(dom::element doc) {
       k.context = static_cast<int>(number(c, "context"));
       k.qo_len = static_cast<int>(number(c, "qo_len", 1));
       k.page_size = static_cast<int>(number(c, "page_size"));
+      k.topk = static_cast<int>(number(c, "topk"));  // absent in dense-only runs: 0
       k.format = parse_format(text(c, "format"));
       k.strategy = text(c, "strategy");
       k.kernel = text(c, "kernel");

@@ -11,13 +11,16 @@
 #include <cstdio>
 #include <fstream>
 #include <numeric>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "tools/fp8mla/strategies/strategies_cuda.h"
 #include "tools/fp8mla/bench/gpu_bench.h"
+#include "tools/fp8mla/bench/gpu_bench_result.h"
 #include "tools/fp8mla/bench/gpu_bench_util.cuh"
+#include "tools/fp8mla/bench/sparse_bench.cuh"
 #include "fp8mla/attention.h"
 #include "src/core/backend.h"
 #include "src/core/check.h"
@@ -27,19 +30,6 @@ namespace fp8mla::bench {
 namespace {
 
 using detail::msg;
-
-struct Ceilings {
-  double copy_gbs = 0, read_gbs = 0, matmul_tfs = 0;  // matmul 0 = not measured
-};
-
-struct CaseResult {
-  int batch, heads, context, qo_len, page_size;
-  KvFormat format;
-  std::string strategy;  // native | cast_pool | gather_cast
-  double us = 0, gbs = 0, read_pct = 0, tfs = 0, mm_pct = 0;
-  double check = -1;   // rel L2 of native vs the gather-then-cast output (same inputs)
-  std::string kernel;  // native: the plan's kernel family (Plan::kernel_name)
-};
 
 Ceilings measure_ceilings(cudaStream_t s, std::uint8_t* big, std::size_t big_bytes) {
   Ceilings c;
@@ -143,8 +133,17 @@ struct CaseRunner {
     const int reps = quick ? 5 : 15;
     std::vector<CaseResult> results;
     auto record = [&](const std::string& strategy, double us) {
-      CaseResult r{bs, heads, ctx, qo, ps, f, strategy, us, 0, 0, 0, 0, -1, {}};
+      CaseResult r;
+      r.batch = bs;
+      r.heads = heads;
+      r.context = ctx;
+      r.qo_len = qo;
+      r.page_size = ps;
+      r.format = f;
+      r.strategy = strategy;
+      r.us = us;
       if (strategy == "native") r.kernel = plans.front().kernel_name();
+      r.bytes = bytes;
       r.gbs = bytes / (us * 1e3);
       r.read_pct = 100.0 * r.gbs / ceil.read_gbs;
       r.tfs = flops / (us * 1e6);
@@ -191,7 +190,10 @@ struct CaseRunner {
     detail::cuda_copy_to_host(a.data(), out, a.size() * 2);
     detail::cuda_copy_to_host(b.data(), out_ref, b.size() * 2);
     const double rel = rel_l2_bf16(a, b);
-    for (CaseResult& r : results) r.check = rel;
+    for (CaseResult& r : results) {
+      r.check = rel;
+      r.check_against = "gather_cast";
+    }
     return results;
   }
 };
@@ -242,6 +244,14 @@ std::vector<PlanTime> measure_plan_times() {
   return times;
 }
 
+// A JSON number, or null for what JSON has no number for (NaN, infinities).
+std::string json_number(double v) {
+  if (!std::isfinite(v)) return "null";
+  std::ostringstream o;
+  o << v;
+  return o.str();
+}
+
 void write_json(const std::string& path, const Ceilings& c, const std::vector<CaseResult>& rs,
                 const std::vector<PlanTime>& plans) {
   std::ofstream f(path);
@@ -262,8 +272,14 @@ void write_json(const std::string& path, const Ceilings& c, const std::vector<Ca
       << ", \"page_size\": " << r.page_size << ", \"format\": \"" << format_name(r.format)
       << "\", \"strategy\": \"" << r.strategy << "\", \"us\": " << r.us << ", \"gbs\": " << r.gbs
       << ", \"read_pct\": " << r.read_pct << ", \"tfs\": " << r.tfs
-      << ", \"matmul_pct\": " << r.mm_pct << ", \"check_rel_l2\": " << r.check << ", \"kernel\": \""
-      << r.kernel << "\"}" << (i + 1 < rs.size() ? "," : "") << "\n";
+      << ", \"matmul_pct\": " << r.mm_pct << ", \"check_rel_l2\": " << json_number(r.check)
+      << ", \"check_against\": \"" << r.check_against << "\", \"kernel\": \"" << r.kernel
+      << "\", \"bytes\": " << r.bytes << ", \"sparse\": " << (r.topk > 0 ? "true" : "false")
+      << ", \"topk\": " << r.topk;
+    if (r.topk > 0) {
+      f << ", \"valid_per_row\": " << r.valid_per_row << ", \"pool_tokens\": " << r.pool_tokens;
+    }
+    f << "}" << (i + 1 < rs.size() ? "," : "") << "\n";
   }
   f << "  ],\n  \"plan_host_us\": [\n";
   for (std::size_t i = 0; i < plans.size(); ++i) {
@@ -276,6 +292,68 @@ void write_json(const std::string& path, const Ceilings& c, const std::vector<Ca
       << (i + 1 < plans.size() ? "," : "") << "\n";
   }
   f << "  ]\n}\n";
+}
+
+// The dense grid (batch x heads x context x query tokens x page size x format), appended to all.
+void run_dense_grid(cudaStream_t s, std::uint8_t* pool, std::size_t pool_bytes,
+                    std::uint8_t* scratch, std::size_t scratch_bytes, const Ceilings& ceil,
+                    const GpuBenchOptions& o, std::vector<CaseResult>& all) {
+  struct Shape {
+    int bs, heads, ctx;
+  };
+  std::vector<Shape> shapes;
+  const std::vector<int> heads = o.heads.empty() ? std::vector<int>{8, 16, 128} : o.heads;
+  if (!o.batches.empty() || !o.contexts.empty()) {
+    for (int b : o.batches.empty() ? std::vector<int>{1, 16, 64, 128} : o.batches)
+      for (int h : heads)
+        for (int c : o.contexts.empty() ? std::vector<int>{4096} : o.contexts)
+          shapes.push_back({b, h, c});
+  } else {
+    for (int h : heads) {
+      for (int c : o.quick ? std::vector<int>{4096, 131072} : std::vector<int>{4096, 32768, 131072})
+        shapes.push_back({1, h, c});
+      if (!o.quick) shapes.push_back({16, h, 4096});
+      shapes.push_back({64, h, 4096});
+      shapes.push_back({128, h, 8192});
+    }
+  }
+  const std::vector<int> pss = o.page_sizes.empty() ? std::vector<int>{64, 1} : o.page_sizes;
+  const std::vector<int> qos = o.qo_lens.empty() ? std::vector<int>{1} : o.qo_lens;
+  const std::vector<KvFormat> fmts =
+      o.formats.empty() ? std::vector<KvFormat>{KvFormat::fp8_e4m3, KvFormat::bf16} : o.formats;
+  CaseRunner runner{s,           pool,    pool_bytes,         scratch,        scratch_bytes,  ceil,
+                    o.baselines, o.quick, o.min_chunk_tokens, o.exact_scores, o.max_tile_rows};
+  int done = 0;
+  const int total = static_cast<int>(shapes.size() * qos.size() * pss.size() * fmts.size());
+  KvFormat filled = KvFormat::bf16;
+  bool any = false;
+  for (KvFormat f : fmts) {
+    const std::int64_t tokens = static_cast<std::int64_t>(pool_bytes / token_bytes(f));
+    if (!any || filled != f) {
+      fill_pool(s, pool, tokens, f, 12345);
+      filled = f;
+      any = true;
+    }
+    for (int ps : pss)
+      for (const Shape& sh : shapes)
+        for (int qo : qos) {
+          if (o.progress)
+            std::fprintf(stderr, "[%d/%d] bs=%d heads=%d ctx=%d qo=%d page=%d %s\n", ++done, total,
+                         sh.bs, sh.heads, sh.ctx, qo, ps, format_name(f));
+          for (CaseResult& r : runner.run(sh.bs, sh.heads, sh.ctx, qo, ps, f)) all.push_back(r);
+        }
+  }
+  // qo: query tokens a request (1: decode; more: causal MTP / speculative verify).
+  std::printf("\n%-4s %-5s %-7s %-3s %-4s %-9s %-12s %9s %8s %7s %8s %7s %9s\n", "bs", "heads",
+              "ctx", "qo", "page", "format", "strategy", "us", "GB/s", "%read", "TF/s", "%mm",
+              "check");
+  for (const CaseResult& r : all) {
+    std::printf("%-4d %-5d %-7d %-3d %-4d %-9s %-12s %9.1f %8.0f %6.1f%% %8.1f %6.1f%% %9s\n",
+                r.batch, r.heads, r.context, r.qo_len, r.page_size,
+                table_format(r.format), r.strategy.c_str(),
+                r.us, r.gbs, r.read_pct, r.tfs, r.mm_pct,
+                r.check < 0 ? "-" : msg(r.check).substr(0, 8).c_str());
+  }
 }
 
 }  // namespace
@@ -305,68 +383,20 @@ int run_gpu_bench(const GpuBenchOptions& o) {
   if (o.exact_scores) std::printf("plans: exact_scores\n");
   if (o.max_tile_rows > 0) std::printf("plans: max_tile_rows %d\n", o.max_tile_rows);
 
-  struct Shape {
-    int bs, heads, ctx;
-  };
-  std::vector<Shape> shapes;
-  const std::vector<int> heads = o.heads.empty() ? std::vector<int>{8, 16, 128} : o.heads;
-  if (!o.batches.empty() || !o.contexts.empty()) {
-    for (int b : o.batches.empty() ? std::vector<int>{1, 16, 64, 128} : o.batches)
-      for (int h : heads)
-        for (int c : o.contexts.empty() ? std::vector<int>{4096} : o.contexts)
-          shapes.push_back({b, h, c});
-  } else {
-    for (int h : heads) {
-      for (int c : o.quick ? std::vector<int>{4096, 131072} : std::vector<int>{4096, 32768, 131072})
-        shapes.push_back({1, h, c});
-      if (!o.quick) shapes.push_back({16, h, 4096});
-      shapes.push_back({64, h, 4096});
-      shapes.push_back({128, h, 8192});
-    }
-  }
-  const std::vector<int> pss = o.page_sizes.empty() ? std::vector<int>{64, 1} : o.page_sizes;
-  const std::vector<int> qos = o.qo_lens.empty() ? std::vector<int>{1} : o.qo_lens;
-  const std::vector<KvFormat> fmts =
-      o.formats.empty() ? std::vector<KvFormat>{KvFormat::fp8_e4m3, KvFormat::bf16} : o.formats;
-  CaseRunner runner{s,           pool,    pool_bytes,         scratch,        scratch_bytes,  ceil,
-                    o.baselines, o.quick, o.min_chunk_tokens, o.exact_scores, o.max_tile_rows};
   std::vector<CaseResult> all;
-  int done = 0;
-  const int total = static_cast<int>(shapes.size() * qos.size() * pss.size() * fmts.size());
-  KvFormat filled = KvFormat::bf16;
-  bool any = false;
-  for (KvFormat f : fmts) {
-    const std::int64_t tokens = static_cast<std::int64_t>(pool_bytes / token_bytes(f));
-    if (!any || filled != f) {
-      fill_pool(s, pool, tokens, f, 12345);
-      filled = f;
-      any = true;
-    }
-    for (int ps : pss)
-      for (const Shape& sh : shapes)
-        for (int qo : qos) {
-          if (o.progress)
-            std::fprintf(stderr, "[%d/%d] bs=%d heads=%d ctx=%d qo=%d page=%d %s\n", ++done, total,
-                         sh.bs, sh.heads, sh.ctx, qo, ps, format_name(f));
-          for (CaseResult& r : runner.run(sh.bs, sh.heads, sh.ctx, qo, ps, f)) all.push_back(r);
-        }
+  bool ok = true;
+  if (o.sparse) {
+    ok = run_sparse_grid({s, pool, pool_bytes, scratch, scratch_bytes, ceil}, o, all);
+  } else {
+    run_dense_grid(s, pool, pool_bytes, scratch, scratch_bytes, ceil, o, all);
   }
-  // qo: query tokens a request (1: decode; more: causal MTP / speculative verify).
-  std::printf("\n%-4s %-5s %-7s %-3s %-4s %-9s %-12s %9s %8s %7s %8s %7s %9s\n", "bs", "heads",
-              "ctx", "qo", "page", "format", "strategy", "us", "GB/s", "%read", "TF/s", "%mm",
-              "check");
-  for (const CaseResult& r : all) {
-    std::printf("%-4d %-5d %-7d %-3d %-4d %-9s %-12s %9.1f %8.0f %6.1f%% %8.1f %6.1f%% %9s\n",
-                r.batch, r.heads, r.context, r.qo_len, r.page_size,
-                r.format == KvFormat::fp8_e4m3 ? "fp8" : format_name(r.format), r.strategy.c_str(),
-                r.us, r.gbs, r.read_pct, r.tfs, r.mm_pct,
-                r.check < 0 ? "-" : msg(r.check).substr(0, 8).c_str());
+  const std::vector<PlanTime> plans = o.sparse ? std::vector<PlanTime>{} : measure_plan_times();
+  if (!plans.empty()) {
+    std::printf(
+        "\nplan() on the host, us (fp8, 16 heads; once a step, for every layer), page table on\n"
+        "the host / on the device: a fresh plan (allocates its device buffers), a graph-mode "
+        "replan\n");
   }
-  const std::vector<PlanTime> plans = measure_plan_times();
-  std::printf(
-      "\nplan() on the host, us (fp8, 16 heads; once a step, for every layer), page table on\n"
-      "the host / on the device: a fresh plan (allocates its device buffers), a graph-mode "
-      "replan\n");
   for (const PlanTime& p : plans) {
     std::printf("  bs %d, ctx %d, page %d: plan %.0f / %.0f, replan %.0f / %.0f\n", p.batch,
                 p.context, p.page_size, p.plan_host_us, p.plan_device_us, p.replan_host_us,
@@ -381,12 +411,24 @@ int run_gpu_bench(const GpuBenchOptions& o) {
     o.summary->read_gbs = ceil.read_gbs;
     o.summary->matmul_tfs = ceil.matmul_tfs;
     for (const CaseResult& r : all) {
-      o.summary->cases.push_back({r.batch, r.heads, r.context, r.qo_len, r.page_size, r.format,
-                                  r.strategy, r.kernel, r.us, r.gbs, r.tfs});
+      GpuBenchCase c;
+      c.batch = r.batch;
+      c.heads = r.heads;
+      c.context = r.context;
+      c.qo_len = r.qo_len;
+      c.page_size = r.page_size;
+      c.topk = r.topk;
+      c.format = r.format;
+      c.strategy = r.strategy;
+      c.kernel = r.kernel;
+      c.us = r.us;
+      c.gbs = r.gbs;
+      c.tfs = r.tfs;
+      o.summary->cases.push_back(c);
     }
   }
   FP8MLA_CUDA_CHECK(cudaStreamDestroy(s));
-  return 0;
+  return ok ? 0 : 1;
 }
 
 }  // namespace fp8mla::bench

@@ -20,6 +20,7 @@ inline double causal_attention_flops(double tokens, int requests, int qo, int he
 // The figures of a run, for `fp8mla bench --plot` (the same as its JSON).
 struct GpuBenchCase {
   int batch = 0, heads = 0, context = 0, qo_len = 1, page_size = 0;
+  int topk = 0;  // > 0: a sparse top-k row (--sparse; context is then 0)
   KvFormat format = KvFormat::fp8_e4m3;
   std::string strategy;  // native | cast_pool | gather_cast
   std::string kernel;    // native: the plan's kernel family (Plan::kernel_name)
@@ -39,6 +40,10 @@ struct GpuBenchOptions {
   std::vector<int> page_sizes;    // empty = {64, 1}
   std::vector<int> qo_lens;       // query tokens a request, <= every context; empty = {1}
   std::vector<KvFormat> formats;  // empty = {fp8_e4m3, bf16}
+  // The sparse top-k grid instead of the dense one (sparse_grid.h): topks, heads, batches,
+  // qo_lens, page_sizes and formats are its axes then (empty: its defaults); contexts unused.
+  bool sparse = false;
+  std::vector<int> topks;
   bool baselines = true;          // also time cast-whole-pool and gather-then-cast
   std::string json_path;          // write results here when not empty
   bool progress = true;           // progress on stderr

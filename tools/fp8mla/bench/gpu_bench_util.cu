@@ -63,6 +63,14 @@ __global__ void fill_bf16_kernel(std::uint16_t* p, std::int64_t n, std::uint64_t
   p[i] = static_cast<std::uint16_t>(__float_as_uint(f) >> 16);
 }
 
+__global__ void gather_tokens_kernel(const uint4* pool, std::int64_t vecs_per_token,
+                                     const std::int32_t* slots, uint4* dst) {
+  const std::int64_t t = blockIdx.x;
+  const uint4* src = pool + static_cast<std::int64_t>(slots[t]) * vecs_per_token;
+  for (std::int64_t i = threadIdx.x; i < vecs_per_token; i += blockDim.x)
+    dst[t * vecs_per_token + i] = src[i];
+}
+
 int sm_count() {
   int device = 0, sms = 0;
   FP8MLA_CUDA_CHECK(cudaGetDevice(&device));
@@ -113,6 +121,14 @@ void fill_bf16(cudaStream_t s, std::uint16_t* p, std::int64_t n, std::uint64_t s
   FP8MLA_CUDA_CHECK_LAUNCH("fill_bf16");
 }
 
+void gather_tokens(cudaStream_t s, const std::uint8_t* pool, std::int64_t token_bytes,
+                   const std::int32_t* slots, std::int64_t n, std::uint8_t* dst) {
+  if (n == 0) return;
+  gather_tokens_kernel<<<static_cast<unsigned>(n), 64, 0, s>>>(
+      reinterpret_cast<const uint4*>(pool), token_bytes / 16, slots, reinterpret_cast<uint4*>(dst));
+  FP8MLA_CUDA_CHECK_LAUNCH("gather_tokens");
+}
+
 double rel_l2_bf16(std::span<const std::uint16_t> got, std::span<const std::uint16_t> want) {
   double num = 0, den = 0;
   for (std::size_t i = 0; i < want.size(); ++i) {
@@ -123,8 +139,9 @@ double rel_l2_bf16(std::span<const std::uint16_t> got, std::span<const std::uint
   return den > 0 ? std::sqrt(num / den) : (num > 0 ? INFINITY : 0.0);
 }
 
-KvCacheView cache_view(std::uint8_t* base, KvFormat f, std::int64_t pages, int ps, int device_id) {
-  const DeviceKind cuda = DeviceKind::cuda;
+KvCacheView cache_view(std::uint8_t* base, KvFormat f, std::int64_t pages, int ps, int device_id,
+                       DeviceKind kind) {
+  const DeviceKind cuda = kind;
   KvCacheView v;
   v.format = f;
   const std::int64_t tb = token_bytes(f);

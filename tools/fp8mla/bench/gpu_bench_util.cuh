@@ -70,9 +70,14 @@ void fill_bf16(cudaStream_t s, std::uint16_t* p, std::int64_t n, std::uint64_t s
 double rel_l2_bf16(std::span<const std::uint16_t> got, std::span<const std::uint16_t> want);
 
 // The cache view of a dense [pages, ps, token] pool of format f at base (SGLang's layout: ckv
-// and kpe as two views of one token).
+// and kpe as two views of one token), on the device (or, with DeviceKind::cpu, in host memory).
 KvCacheView cache_view(std::uint8_t* base, KvFormat f, std::int64_t pages, int ps,
-                       int device_id = 0);
+                       int device_id = 0, DeviceKind kind = DeviceKind::cuda);
+
+// Copies the `n` tokens of `token_bytes` bytes (a multiple of 16) at the global slots
+// slots[0, n) (device memory) of a dense pool to dst, one after another.
+void gather_tokens(cudaStream_t s, const std::uint8_t* pool, std::int64_t token_bytes,
+                   const std::int32_t* slots, std::int64_t n, std::uint8_t* dst);
 
 // The benches' batches: `bs` requests of `qo_len` query tokens and `ctx` tokens each (causal
 // when qo_len > 1: MTP / speculative verify; qo_len <= ctx), sm_scale 1 / sqrt(192), and
