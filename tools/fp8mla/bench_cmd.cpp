@@ -286,7 +286,7 @@ int run_bench(std::span<const std::string_view> argv) {
                   1, 4096);
   ap.set_default_text("qo-len", "1 (decode); --sparse: 1,2 (MTP)");
   ap.add_choice_list("format", &o.formats, {"fp8_e4m3", "fp8_e4m3_block", "bf16"}, "KV formats");
-  ap.set_default_text("format", "gpu: fp8_e4m3,bf16; cpu: all three; --sparse: fp8_e4m3_block,fp8_e4m3");
+  ap.set_default_text("format", "all three; --sparse: fp8_e4m3_block,fp8_e4m3");
   ap.add_flag("sparse", &o.sparse,
               "cuda: the sparse top-k grid (DeepSeek sparse attention) instead of the dense one: "
               "each query token reads its own --topk slots, drawn over the whole pool (>= 1M "

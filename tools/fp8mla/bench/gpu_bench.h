@@ -39,7 +39,7 @@ struct GpuBenchOptions {
   std::vector<int> contexts;
   std::vector<int> page_sizes;    // empty = {64, 1}
   std::vector<int> qo_lens;       // query tokens a request, <= every context; empty = {1}
-  std::vector<KvFormat> formats;  // empty = {fp8_e4m3, bf16}
+  std::vector<KvFormat> formats;  // empty = {fp8_e4m3, fp8_e4m3_block, bf16}
   // The sparse top-k grid instead of the dense one (sparse_grid.h): topks, heads, batches,
   // qo_lens, page_sizes and formats are its axes then (empty: its defaults); contexts unused.
   bool sparse = false;
