@@ -320,9 +320,9 @@ void run_dense_grid(cudaStream_t s, std::uint8_t* pool, std::size_t pool_bytes,
   const std::vector<int> pss = o.page_sizes.empty() ? std::vector<int>{64, 1} : o.page_sizes;
   const std::vector<int> qos = o.qo_lens.empty() ? std::vector<int>{1} : o.qo_lens;
   const std::vector<KvFormat> fmts =
-      o.formats.empty() ? std::vector<KvFormat>{KvFormat::fp8_e4m3, KvFormat::fp8_e4m3_block,
-                                                KvFormat::bf16}
-                        : o.formats;
+      o.formats.empty()
+          ? std::vector<KvFormat>{KvFormat::fp8_e4m3, KvFormat::fp8_e4m3_block, KvFormat::bf16}
+          : o.formats;
   CaseRunner runner{s,           pool,    pool_bytes,         scratch,        scratch_bytes,  ceil,
                     o.baselines, o.quick, o.min_chunk_tokens, o.exact_scores, o.max_tile_rows};
   int done = 0;
@@ -351,9 +351,8 @@ void run_dense_grid(cudaStream_t s, std::uint8_t* pool, std::size_t pool_bytes,
               "check");
   for (const CaseResult& r : all) {
     std::printf("%-4d %-5d %-7d %-3d %-4d %-9s %-12s %9.1f %8.0f %6.1f%% %8.1f %6.1f%% %9s\n",
-                r.batch, r.heads, r.context, r.qo_len, r.page_size,
-                table_format(r.format), r.strategy.c_str(),
-                r.us, r.gbs, r.read_pct, r.tfs, r.mm_pct,
+                r.batch, r.heads, r.context, r.qo_len, r.page_size, table_format(r.format),
+                r.strategy.c_str(), r.us, r.gbs, r.read_pct, r.tfs, r.mm_pct,
                 r.check < 0 ? "-" : msg(r.check).substr(0, 8).c_str());
   }
 }

@@ -21,12 +21,12 @@ struct CaseResult {
   // Rel L2 of the output against check_against's on the same inputs (-1: not checked; NaN or
   // infinite: a row the run left unwritten or wrong).
   double check = -1;
-  std::string kernel;  // native: the plan's kernel family (Plan::kernel_name)
+  std::string kernel;         // native: the plan's kernel family (Plan::kernel_name)
   std::string check_against;  // what check compares with: gather_cast (dense), reference (sparse)
-  int topk = 0;                // > 0: a sparse top-k row (context 0)
-  int valid_per_row = 0;       // sparse: listed (not -1) slots a top-k row
+  int topk = 0;               // > 0: a sparse top-k row (context 0)
+  int valid_per_row = 0;      // sparse: listed (not -1) slots a top-k row
   std::int64_t pool_tokens = 0;  // sparse: the tokens the slots are drawn over
-  double bytes = 0;            // the floor's bytes of one call (GB/s is bytes / us)
+  double bytes = 0;              // the floor's bytes of one call (GB/s is bytes / us)
 };
 
 // The format in the tables' 9-character column: fp8 (fp8_e4m3), fp8_block (FlashMLA's 656-byte

@@ -53,6 +53,26 @@ double time_captured(cudaStream_t s, int calls, int reps, Body&& body) {
   return us;
 }
 
+// As time_captured, with as many replays as fill about budget_s seconds of device time (a first
+// timed replay sets the pace), at least min_reps and at most max_reps.
+template <class Body>
+double time_captured_within(cudaStream_t s, int calls, double budget_s, int min_reps, int max_reps,
+                            Body&& body) {
+  cudaGraph_t g;
+  cudaGraphExec_t exec;
+  FP8MLA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  body();
+  FP8MLA_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  FP8MLA_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+  const double first_us = time_graph(s, exec, calls, 1);
+  const double per_replay_s = std::max(first_us * calls * 1e-6, 1e-7);
+  const int reps = std::clamp(static_cast<int>(budget_s / per_replay_s), min_reps, max_reps);
+  const double us = time_graph(s, exec, calls, reps);
+  FP8MLA_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  FP8MLA_CUDA_CHECK(cudaGraphDestroy(g));
+  return us;
+}
+
 // Bandwidth ceilings over a device buffer of `bytes` (>= 2 GB for HBM figures): a copy kernel
 // (read + write GB/s, over min(bytes / 2, 4 GB)) and a streaming read (over min(bytes, 8 GB)).
 double measure_copy_gbs(cudaStream_t s, std::uint8_t* buf, std::size_t bytes);

@@ -46,6 +46,7 @@ std::vector<int> sample_heads(int heads) {
 struct SparseRunner {
   const BenchMemory& m;
   const GpuBenchOptions& o;
+  std::int64_t l2_bytes;
 
   CaseResult run(const SparseCase& c) {
     const std::int64_t tb = token_bytes(c.format);
@@ -55,11 +56,15 @@ struct SparseRunner {
     pool_tokens -= pool_tokens % c.page_size;
     if (pool_tokens < kSparseMinPoolTokens) {
       throw Error(ErrorCode::out_of_memory, "--sparse",
-                  msg("the pool holds ", pool_tokens, " ", format_name(c.format), " tokens, fewer "
-                      "than the ", kSparseMinPoolTokens, " the top-k slots are drawn over"));
+                  msg("the pool holds ", pool_tokens, " ", format_name(c.format),
+                      " tokens, fewer than the ", kSparseMinPoolTokens,
+                      " the top-k slots are drawn over"));
     }
     const std::int64_t num_pages = pool_tokens / c.page_size, rows = c.rows();
-    const int calls = 8, reps = o.quick ? 5 : 15;
+    // Calls a replay: >= 8, and enough that a replay reads >= 4x L2 (up to 512 calls), so that
+    // small cases read HBM, not what the replay before left in L2.
+    const int calls = static_cast<int>(std::clamp<double>(
+        std::ceil(4.0 * static_cast<double>(l2_bytes) / sparse_floor_bytes(c)), 8, 512));
     const std::uint64_t seed = 1000003ull * static_cast<std::uint64_t>(c.topk) +
                                7919ull * static_cast<std::uint64_t>(c.heads) +
                                131ull * static_cast<std::uint64_t>(c.batch) +
@@ -77,9 +82,8 @@ struct SparseRunner {
     const std::size_t idx_bytes = align256(calls * idx_elems * 4);
     const std::size_t slots_bytes = align256(check_slots * 4);
     const std::size_t tokens_bytes = align256(check_slots * static_cast<std::size_t>(tb));
-    const std::size_t tail_bytes =
-        align256(q_elems * 2) + align256(o_elems * 2) + align256(static_cast<std::size_t>(rows) *
-                                                                 c.heads * 4);
+    const std::size_t tail_bytes = align256(q_elems * 2) + align256(o_elems * 2) +
+                                   align256(static_cast<std::size_t>(rows) * c.heads * 4);
     if (idx_bytes + slots_bytes + tokens_bytes + tail_bytes > m.scratch_bytes) {
       throw Error(ErrorCode::out_of_memory, "--sparse",
                   msg("the case needs ", idx_bytes + slots_bytes + tokens_bytes + tail_bytes,
@@ -118,8 +122,8 @@ struct SparseRunner {
     const Plan sparse_plan = fp8mla::plan(p, po);
 
     RunArgs args;
-    args.q_nope = make_strided_view(q, DType::bf16, {rows, c.heads, 512},
-                                    {c.heads * 576, 576, 1}, DeviceKind::cuda);
+    args.q_nope = make_strided_view(q, DType::bf16, {rows, c.heads, 512}, {c.heads * 576, 576, 1},
+                                    DeviceKind::cuda);
     args.q_pe = make_strided_view(q + 512, DType::bf16, {rows, c.heads, 64},
                                   {c.heads * 576, 576, 1}, DeviceKind::cuda);
     args.out = make_view(out, DType::bf16, {rows, c.heads, 512}, DeviceKind::cuda);
@@ -129,12 +133,14 @@ struct SparseRunner {
     auto call_indices = [&](int v) {
       return make_view(d_idx + v * idx_elems, DType::i32, {rows, c.topk}, DeviceKind::cuda);
     };
-    const double us = time_captured(m.s, calls, reps, [&] {
-      for (int v = 0; v < calls; ++v) {
-        args.sparse_indices = call_indices(v);
-        fp8mla::run(sparse_plan, args);
-      }
-    });
+    // Replays: as many as fill ~0.15 s of device time (quick: 0.05 s), 3 to 15 (quick: 5).
+    const double us =
+        time_captured_within(m.s, calls, o.quick ? 0.05 : 0.15, 3, o.quick ? 5 : 15, [&] {
+          for (int v = 0; v < calls; ++v) {
+            args.sparse_indices = call_indices(v);
+            fp8mla::run(sparse_plan, args);
+          }
+        });
 
     CaseResult r;
     r.batch = c.batch;
@@ -163,7 +169,8 @@ struct SparseRunner {
     FP8MLA_CUDA_CHECK(cudaMemcpyAsync(got.data(), out, o_elems * 2, cudaMemcpyDeviceToHost, m.s));
     FP8MLA_CUDA_CHECK(cudaStreamSynchronize(m.s));
     // The pool and q hold no NaN: one in the output is an element the run did not write.
-    if (std::any_of(got.begin(), got.end(), [](std::uint16_t b) { return (b & 0x7fff) > 0x7f80; })) {
+    if (std::any_of(got.begin(), got.end(),
+                    [](std::uint16_t b) { return (b & 0x7fff) > 0x7f80; })) {
       r.check = std::numeric_limits<double>::quiet_NaN();
       return r;
     }
@@ -201,18 +208,18 @@ struct SparseRunner {
     }
     const auto n = static_cast<std::int64_t>(slots.size());
     std::vector<std::uint8_t> tokens(static_cast<std::size_t>(n * tb));
-    FP8MLA_CUDA_CHECK(cudaMemcpyAsync(d_slots, slots.data(), slots.size() * 4,
-                                      cudaMemcpyHostToDevice, m.s));
+    FP8MLA_CUDA_CHECK(
+        cudaMemcpyAsync(d_slots, slots.data(), slots.size() * 4, cudaMemcpyHostToDevice, m.s));
     gather_tokens(m.s, m.pool, tb, d_slots, n, d_tokens);
-    FP8MLA_CUDA_CHECK(cudaMemcpyAsync(tokens.data(), d_tokens, tokens.size(),
-                                      cudaMemcpyDeviceToHost, m.s));
+    FP8MLA_CUDA_CHECK(
+        cudaMemcpyAsync(tokens.data(), d_tokens, tokens.size(), cudaMemcpyDeviceToHost, m.s));
     // q of the sample: its rows, its heads.
     std::vector<std::uint16_t> q_row(static_cast<std::size_t>(c.heads) * 576);
     std::vector<std::uint16_t> q_host(static_cast<std::size_t>(n_rows * hs * 576));
     std::vector<std::uint16_t> want_got(static_cast<std::size_t>(n_rows * hs * 512));
     for (std::int64_t i = 0; i < n_rows; ++i) {
-      FP8MLA_CUDA_CHECK(cudaMemcpyAsync(q_row.data(), q + rows[i] * c.heads * 576,
-                                        q_row.size() * 2, cudaMemcpyDeviceToHost, m.s));
+      FP8MLA_CUDA_CHECK(cudaMemcpyAsync(q_row.data(), q + rows[i] * c.heads * 576, q_row.size() * 2,
+                                        cudaMemcpyDeviceToHost, m.s));
       FP8MLA_CUDA_CHECK(cudaStreamSynchronize(m.s));
       for (std::int64_t j = 0; j < hs; ++j) {
         std::copy_n(q_row.begin() + heads[j] * 576, 576, q_host.begin() + (i * hs + j) * 576);
@@ -240,8 +247,8 @@ struct SparseRunner {
     std::vector<std::uint16_t> want(want_got.size());
     std::vector<float> lse(static_cast<std::size_t>(n_rows * hs));
     RunArgs a;
-    a.q_nope = make_strided_view(q_host.data(), DType::bf16, {n_rows, hs, 512},
-                                 {hs * 576, 576, 1}, DeviceKind::cpu);
+    a.q_nope = make_strided_view(q_host.data(), DType::bf16, {n_rows, hs, 512}, {hs * 576, 576, 1},
+                                 DeviceKind::cpu);
     a.q_pe = make_strided_view(q_host.data() + 512, DType::bf16, {n_rows, hs, 64},
                                {hs * 576, 576, 1}, DeviceKind::cpu);
     a.kv = cache_view(tokens.data(), c.format, p.num_pages, 1, 0, DeviceKind::cpu);
@@ -273,7 +280,10 @@ bool run_sparse_grid(const BenchMemory& m, const GpuBenchOptions& o, std::vector
       "(distinct;\nk / 20 of them -1); GB/s counts the listed slots' bytes once a row; check: "
       "rel L2 against the\nfloat64 reference (first and last request, <= 8 heads), every "
       "output element written\n");
-  SparseRunner runner{m, o};
+  int device = 0, l2 = 0;
+  FP8MLA_CUDA_CHECK(cudaGetDevice(&device));
+  FP8MLA_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
+  SparseRunner runner{m, o, std::max(l2, 1 << 20)};
   std::vector<CaseResult> rows;
   KvFormat filled = KvFormat::bf16;
   bool any = false;
@@ -299,15 +309,16 @@ bool run_sparse_grid(const BenchMemory& m, const GpuBenchOptions& o, std::vector
   for (const CaseResult& r : rows) {
     const bool pass = check_passes(r.check);
     ok = ok && pass;
-    std::printf("%-5d %-4d %-5d %-3d %-4d %-9s %-14s %9.1f %8.2f %8.0f %6.1f%% %8.1f %6.1f%% %9s%s\n",
-                r.topk, r.batch, r.heads, r.qo_len, r.page_size, table_format(r.format),
-                r.kernel.c_str(), r.us, r.bytes / 1e6, r.gbs, r.read_pct, r.tfs, r.mm_pct,
-                std::isnan(r.check) ? "unwritten" : msg(r.check).substr(0, 8).c_str(),
-                pass ? "" : "  FAILED");
+    std::printf(
+        "%-5d %-4d %-5d %-3d %-4d %-9s %-14s %9.1f %8.2f %8.0f %6.1f%% %8.1f %6.1f%% %9s%s\n",
+        r.topk, r.batch, r.heads, r.qo_len, r.page_size, table_format(r.format), r.kernel.c_str(),
+        r.us, r.bytes / 1e6, r.gbs, r.read_pct, r.tfs, r.mm_pct,
+        std::isnan(r.check) ? "unwritten" : msg(r.check).substr(0, 8).c_str(),
+        pass ? "" : "  FAILED");
     all.push_back(r);
   }
-  std::printf("\n%s: every sparse case %s the float64 reference within %g\n",
-              ok ? "OK" : "FAILED", ok ? "matches" : "should match", kReferenceTol);
+  std::printf("\n%s: every sparse case %s the float64 reference within %g\n", ok ? "OK" : "FAILED",
+              ok ? "matches" : "should match", kReferenceTol);
   return ok;
 }
 

@@ -28,8 +28,8 @@ std::vector<SparseCase> sparse_grid(const SparseGridAxes& a) {
       for (const int h : or_default(a.heads, kSparseHeads))
         for (const int b : or_default(a.batches, kSparseBatches)) triples.push_back({k, h, b});
   }
-  const std::vector<int> pages =
-      a.quick ? or_default(a.page_sizes, kQuickSparsePages) : or_default(a.page_sizes, kSparsePages);
+  const std::vector<int> pages = a.quick ? or_default(a.page_sizes, kQuickSparsePages)
+                                         : or_default(a.page_sizes, kSparsePages);
   std::vector<SparseCase> cases;
   for (const KvFormat f : or_default(a.formats, kSparseFormats))
     for (const int ps : pages)
@@ -57,8 +57,7 @@ double sparse_floor_bytes(const SparseCase& c) {
 }
 
 double sparse_flops(const SparseCase& c) {
-  return static_cast<double>(c.rows()) * sparse_valid_per_row(c.topk) * c.heads * 2.0 *
-         (576 + 512);
+  return static_cast<double>(c.rows()) * sparse_valid_per_row(c.topk) * c.heads * 2.0 * (576 + 512);
 }
 
 std::vector<std::int32_t> draw_sparse_rows(std::int64_t rows, int topk, std::int64_t pool_tokens,
@@ -69,8 +68,7 @@ std::vector<std::int32_t> draw_sparse_rows(std::int64_t rows, int topk, std::int
                     std::to_string(topk) + ") and 2^31 - 1 (int32 slots)");
   }
   std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<std::int32_t> slot(0,
-                                                   static_cast<std::int32_t>(pool_tokens - 1));
+  std::uniform_int_distribution<std::int32_t> slot(0, static_cast<std::int32_t>(pool_tokens - 1));
   const int invalid = sparse_invalid_per_row(topk);
   std::vector<std::int32_t> out(static_cast<std::size_t>(rows) * topk);
   std::vector<int> positions(static_cast<std::size_t>(topk));

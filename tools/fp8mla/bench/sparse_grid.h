@@ -53,7 +53,9 @@ std::vector<SparseCase> sparse_grid(const SparseGridAxes& axes);
 // -1 entries of each top-k row: k / 20 (5%, bench/peers' default share), at random positions of
 // the row; the other entries are valid and distinct.
 int sparse_invalid_per_row(int topk);
-inline int sparse_valid_per_row(int topk) { return topk - sparse_invalid_per_row(topk); }
+inline int sparse_valid_per_row(int topk) {
+  return topk - sparse_invalid_per_row(topk);
+}
 
 // The floor's bytes of one call: every listed (not -1) slot of every row once, in the format's
 // bytes a token (656 for fp8_e4m3_block, 576 for fp8_e4m3, 1152 for bf16).
