@@ -31,7 +31,7 @@ __all__ = ["load", "kind", "figure", "save", "main"]
 AUDIT_CATEGORIES = ("attention", "cast_copy", "gemm", "communication", "other")
 AUDIT_COLOURS = {"attention": "#1f77b4", "cast_copy": "#d62728", "gemm": "#2ca02c",
                  "communication": "#9467bd", "other": "#b0b0b0"}
-STRATEGY_MARKERS = {"native": "o", "gather_cast": "^", "cast_pool": "x"}
+STRATEGY_MARKERS = {"native": "o", "gather_cast": "^", "cast_pool": "x", "sparse": "D"}
 
 
 def _matplotlib():
@@ -75,10 +75,13 @@ def _bench(fig, r: dict) -> None:
     for c in r["cases"]:
         if not (c.get("us", 0) > 0 and c.get("gbs", 0) > 0 and c.get("tfs", 0) > 0):
             continue  # a case that did not run (or did not finish) has no point
-        name = c["strategy"] if c["strategy"] != "native" else f"native {c.get('kernel', '')}".strip()
+        # Sparse top-k rows (bench --sparse) are series of their own, as the command draws them.
+        strategy = "sparse" if c.get("sparse") else c["strategy"]
+        name = strategy if strategy == "gather_cast" or strategy == "cast_pool" else \
+            f"{strategy} {c.get('kernel', '')}".strip()
         label = f"{name} {c['format']}"
         intensity = c["tfs"] * 1e12 / (c["gbs"] * 1e9)  # attention flops per KV byte moved
-        xs, ys, marker = series.setdefault(label, ([], [], STRATEGY_MARKERS.get(c["strategy"], "s")))
+        xs, ys, marker = series.setdefault(label, ([], [], STRATEGY_MARKERS.get(strategy, "s")))
         xs.append(intensity)
         ys.append(c["tfs"])
     if not series:

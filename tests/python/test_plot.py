@@ -67,6 +67,23 @@ def test_bench_roofline_has_every_timed_case(tmp_path):
     check_png(out, (1100, 650))
 
 
+def test_bench_sparse_rows_are_series_of_their_own(tmp_path):
+    # A hand-written run with dense rows and `bench --sparse` rows (sparse, topk, check null).
+    fixture = os.path.join(ROOT, "tests", "audit", "plot", "sparse_bench_fixture.json")
+    with open(fixture) as f:
+        r = json.load(f)
+    fig = plot.figure(fixture)
+    (ax,) = fig.axes
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "sparse shared_tile fp8_e4m3_block (1)" in labels
+    assert "native shared_tile fp8_e4m3_block (1)" in labels
+    assert "sparse fp8_exact fp8_e4m3 (1)" in labels and "sparse wide_rows fp8_e4m3 (1)" in labels
+    points = [p for coll in ax.collections for p in coll.get_offsets()]
+    assert len(points) == len(r["cases"])
+    plot.save(r, tmp_path / "sparse.png")
+    check_png(tmp_path / "sparse.png", (1100, 650))
+
+
 def test_demo_draws_each_layer_and_the_step(tmp_path):
     out = tmp_path / "demo.json"
     cli("demo", "--layers", "3", "--batch", "2", "--context", "128", "--pool", "2048",
