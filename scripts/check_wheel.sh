@@ -9,8 +9,9 @@
 #      (scripts/check_cubins.sh);
 #   4. installs it with numpy and pytest into a fresh venv (build-python/wheel-venv) and, with no
 #      nvcc on PATH and no CUDA library directory on LD_LIBRARY_PATH: imports it, checks
-#      cuda_available() is False where the machine has no NVIDIA device, and runs the CPU path
-#      against the float64 reference (tests/python/test_attention.py, test_codecs.py).
+#      cuda_available() is False where the machine has no NVIDIA device and that no CUDA library
+#      but the driver's got loaded, and runs the CPU path against the float64 reference
+#      (tests/python/test_attention.py, test_codecs.py).
 # The C++ build of scripts/test.sh compiles the same kernels with the same flags: with ccache on
 # PATH both use it (CMAKE_<LANG>_COMPILER_LAUNCHER), and the wheel's kernels come from its cache.
 #
@@ -113,6 +114,10 @@ cuda = fp8mla.cuda_available()
 print(f"fp8mla {fp8mla.version()} from {os.path.dirname(where)}: cuda_available() = {cuda}")
 if os.environ["FP8MLA_EXPECT_GPU"] == "0":
     assert cuda is False, "cuda_available() is True on a machine without an NVIDIA device"
+# The loader may still reach a toolkit (ld.so.conf): no CUDA library but the driver's is loaded.
+maps = {line.split()[-1] for line in open("/proc/self/maps") if "/" in line}
+toolkit = sorted(m for m in maps if "cuda" in m.lower() and "libcuda.so" not in m)
+assert not toolkit, f"CUDA toolkit libraries loaded: {toolkit}"
 EOF
 )
 log "CPU path against the float64 reference (pytest, fresh venv)"
