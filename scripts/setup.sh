@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building fp8mla needs (Debian/Ubuntu packages: cmake, ninja-build, g++, libgtest-dev;
-# libsimdjson-dev, zlib1g-dev for `fp8mla audit`), then configures and builds it in build/.
+# libsimdjson-dev, zlib1g-dev for `fp8mla audit`; ccache where nvcc is), then configures and
+# builds it in build/.
 # Idempotent: installs only what is missing, and a second run only rebuilds what changed.
 #
 #   bash scripts/setup.sh              # packages + configure + build
@@ -15,7 +16,7 @@ deps_only=0
 for arg in "$@"; do
   case "$arg" in
     --deps-only) deps_only=1 ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "setup.sh: unknown argument '$arg' (expected --deps-only)" >&2; exit 2 ;;
   esac
 done
@@ -36,6 +37,12 @@ else
   [ -f /usr/include/gtest/gtest.h ] || missing+=(libgtest-dev)
   [ -f /usr/include/simdjson.h ] || missing+=(libsimdjson-dev)
   [ -f /usr/include/zlib.h ] || missing+=(zlib1g-dev)
+fi
+# ccache with the CUDA backend: scripts/test.sh builds the library, then the binary wheel from the
+# same objects (scripts/check_wheel.sh).
+if { command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; } &&
+   ! command -v ccache >/dev/null 2>&1; then
+  missing+=(ccache)
 fi
 
 if [ ${#missing[@]} -gt 0 ]; then

@@ -2,10 +2,15 @@
 # Runs every test: configures build-ci/ with warnings as errors (and the CUDA backend when nvcc
 # is found, so its sources are compiled even on a machine without a GPU; GPU tests skip there),
 # builds, runs ctest, installs to a temporary prefix and builds + runs tests/consumer against it
-# with find_package(fp8mla), then the Python tests when tests/python/run.sh exists.
+# with find_package(fp8mla), then, with CUDA, the binary wheel (scripts/check_wheel.sh: built
+# with every arch's kernels, installed into a fresh venv without the toolkit, its CPU path
+# tested), then the Python tests when tests/python/run.sh exists: on that wheel when it was
+# built, else on a CPU-only build of the package. With ccache on PATH the compiles go through it
+# (scripts/ccache_env.sh), so the wheel reuses the objects this build compiled.
 # Packages: run scripts/setup.sh --deps-only first (.ci/run does).
 #
-# Environment: BUILD_DIR (build-ci), FP8MLA_CUDA (AUTO), JOBS (all cores).
+# Environment: BUILD_DIR (build-ci), FP8MLA_CUDA (AUTO), JOBS (all cores), FP8MLA_WHEEL=0 (no
+# wheel; the Python tests build the CPU-only package).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$(pwd)
@@ -13,6 +18,7 @@ root=$(pwd)
 if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH="/usr/local/cuda/bin:$PATH"
 fi
+source scripts/ccache_env.sh
 build_dir=${BUILD_DIR:-build-ci}
 jobs=${JOBS:-$(nproc)}
 start=$SECONDS
@@ -52,10 +58,22 @@ cmake --build "$consumer_build"
 "$consumer_build/fp8mla_consumer"
 done_phase consumer
 
+wheel=""
+if [ "${FP8MLA_WHEEL:-1}" != 0 ] && [ "${FP8MLA_CUDA:-AUTO}" != OFF ] &&
+   command -v nvcc >/dev/null 2>&1; then
+  phase "binary wheel (scripts/check_wheel.sh)"
+  # The library's flags as above (warnings as errors), so that its objects come from ccache.
+  CMAKE_ARGS="-DFP8MLA_WERROR=ON ${CMAKE_ARGS:-}" CMAKE_BUILD_PARALLEL_LEVEL=$jobs \
+    bash scripts/check_wheel.sh
+  wheel=$(ls "$root"/dist/fp8mla-*.whl)
+  done_phase wheel
+fi
+
 if [ -f tests/python/run.sh ]; then
-  phase "python tests (tests/python/run.sh)"
+  phase "python tests (tests/python/run.sh${wheel:+ on the wheel})"
   # The command the trace tests run `fp8mla audit` with.
-  FP8MLA_CLI="$root/$build_dir/tools/fp8mla/fp8mla" bash tests/python/run.sh
+  FP8MLA_CLI="$root/$build_dir/tools/fp8mla/fp8mla" FP8MLA_PY_WHEEL="$wheel" \
+    bash tests/python/run.sh
   done_phase python
 fi
 

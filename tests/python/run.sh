@@ -8,6 +8,8 @@
 # FP8MLA_CUDA=OFF (the CPU backend; for CI speed: the CUDA backend is tested on the device).
 #
 # Environment:
+#   FP8MLA_PY_WHEEL=PATH      install this wheel (scripts/check_wheel.sh builds one) instead of
+#                             building the package: scripts/test.sh tests the wheel it built
 #   FP8MLA_PY_CUDA=AUTO|ON|OFF CUDA backend of the module's build (default OFF; a separate
 #                             name so CI's FP8MLA_CUDA for the C++ build does not leak in)
 #   FP8MLA_PY_TORCH=0         do not install torch (tests/python/requirements-torch.txt) into the
@@ -70,10 +72,16 @@ else
   export PIP_BREAK_SYSTEM_PACKAGES=1
 fi
 
-echo "== building and installing fp8mla (FP8MLA_CUDA=${FP8MLA_PY_CUDA:-OFF})"
-export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
-CMAKE_ARGS="-DFP8MLA_CUDA=${FP8MLA_PY_CUDA:-OFF} ${CMAKE_ARGS:-}" \
-  "$python" -m pip install --disable-pip-version-check --no-build-isolation --no-deps -q .
+if [[ -n "${FP8MLA_PY_WHEEL:-}" ]]; then
+  echo "== installing $FP8MLA_PY_WHEEL"
+  "$python" -m pip install --disable-pip-version-check --no-deps --force-reinstall -q \
+    "$FP8MLA_PY_WHEEL"
+else
+  echo "== building and installing fp8mla (FP8MLA_CUDA=${FP8MLA_PY_CUDA:-OFF})"
+  export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
+  CMAKE_ARGS="-DFP8MLA_CUDA=${FP8MLA_PY_CUDA:-OFF} ${CMAKE_ARGS:-}" \
+    "$python" -m pip install --disable-pip-version-check --no-build-isolation --no-deps -q .
+fi
 
 echo "== python -c 'import fp8mla'"
 (cd /tmp && "$python" -c "import fp8mla; print('fp8mla', fp8mla.version(), \
