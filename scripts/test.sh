@@ -62,10 +62,13 @@ wheel=""
 if [ "${FP8MLA_WHEEL:-1}" != 0 ] && [ "${FP8MLA_CUDA:-AUTO}" != OFF ] &&
    command -v nvcc >/dev/null 2>&1; then
   phase "binary wheel (scripts/check_wheel.sh)"
-  # The library's flags as above (warnings as errors), so that its objects come from ccache.
-  CMAKE_ARGS="-DFP8MLA_WERROR=ON ${CMAKE_ARGS:-}" CMAKE_BUILD_PARALLEL_LEVEL=$jobs \
-    bash scripts/check_wheel.sh
-  wheel=$(ls "$root"/dist/fp8mla-*.whl)
+  # The library's compiler and flags as above (scikit-build-core would take Python's g++ for
+  # CMake's c++), so that its objects come from ccache.
+  cxx=$(sed -n 's/^CMAKE_CXX_COMPILER:FILEPATH=//p' "$build_dir/CMakeCache.txt")
+  CMAKE_ARGS="-DFP8MLA_WERROR=ON ${cxx:+-DCMAKE_CXX_COMPILER=$cxx} ${CMAKE_ARGS:-}" \
+    CMAKE_BUILD_PARALLEL_LEVEL=$jobs bash scripts/check_wheel.sh
+  cp=$(python3 -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
+  wheel=$(ls "$root"/dist/fp8mla-*-"$cp"-*.whl)
   done_phase wheel
 fi
 
