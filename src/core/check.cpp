@@ -69,13 +69,15 @@ void check_tensor(const TensorView& t, const std::string& name, std::initializer
           device_name(t.device), ":", t.device_id);
   if (empty) return;  // no element is addressed: any strides describe it
   // The largest element offset, in bytes, must be an int64: element addresses are computed as
-  // data + sum(index[i] * stride[i]) in 64-bit arithmetic.
+  // data + sum(index[i] * stride[i]) in 64-bit arithmetic. So must every stride in bytes, also
+  // of an extent of 1 (no index reaches it, but the readers turn every stride into bytes).
   const auto size = static_cast<std::int64_t>(dtype_size(t.dtype));
   std::int64_t last = 0;
   for (int d = 0; d < t.ndim; ++d) {
     require(t.stride[d] >= 0, msg(name, ".stride[", d, "]"), "negative strides are not supported");
     std::int64_t span = 0;
-    const bool overflow = __builtin_mul_overflow(t.shape[d] - 1, t.stride[d], &span) ||
+    const bool overflow = __builtin_mul_overflow(t.stride[d], size, &span) ||
+                          __builtin_mul_overflow(t.shape[d] - 1, t.stride[d], &span) ||
                           __builtin_mul_overflow(span, size, &span) ||
                           __builtin_add_overflow(last, span, &last);
     require(!overflow, msg(name, ".stride[", d, "]"), "stride ", t.stride[d],

@@ -232,6 +232,22 @@ TEST(HostileTensorView, OffsetsBeyondInt64AreAnError) {
   expect_error([&] { in.run_it(); }, {"q_nope.stride[0]", "int64 byte range"});
 }
 
+// Before: a stride of an extent of 1 passed (no index reaches it), and the CPU reader's byte
+// stride overflowed (fuzz_run found it: signed overflow in KvReader::byte_stride).
+TEST(HostileTensorView, StridesBeyondInt64BytesAreAnErrorAlsoOnExtentsOfOne) {
+  RunInput in;
+  std::vector<std::uint16_t> cache(16 * 576);
+  in.p.page_size = 1;
+  in.p.kv_format = KvFormat::bf16;
+  in.kv_len = {2, 3};
+  in.a.kv.format = KvFormat::bf16;
+  in.a.kv.ckv = make_strided_view(cache.data(), DType::bf16, {16, 1, 512}, {576, 576, 1});
+  in.a.kv.kpe = make_strided_view(cache.data() + 512, DType::bf16, {16, 1, 64}, {576, 576, 1});
+  in.run_it();  // the same views with sane strides run
+  in.a.kv.ckv.stride[1] = std::int64_t{3} << 61;  // 2 bytes each: 3 * 2^62 bytes
+  expect_error([&] { in.run_it(); }, {"kv.ckv.stride[1]", "int64 byte range"});
+}
+
 // ---- work and memory from small inputs ----
 
 // Before: [0, 2^31 - 1] made plan() ask for 4 GiB of tiles (bad_alloc, or minutes).
