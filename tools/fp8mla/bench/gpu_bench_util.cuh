@@ -39,17 +39,24 @@ inline double time_graph(cudaStream_t s, cudaGraphExec_t exec, int calls, int re
   return 1e3 * t[reps / 2] / calls;
 }
 
+// Captures body's launches on s into an instantiated graph (the caller destroys it).
 template <class Body>
-double time_captured(cudaStream_t s, int calls, int reps, Body&& body) {
+cudaGraphExec_t capture_graph(cudaStream_t s, Body&& body) {
   cudaGraph_t g;
   cudaGraphExec_t exec;
   FP8MLA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   body();
   FP8MLA_CUDA_CHECK(cudaStreamEndCapture(s, &g));
   FP8MLA_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+  FP8MLA_CUDA_CHECK(cudaGraphDestroy(g));  // the executable graph holds what it needs
+  return exec;
+}
+
+template <class Body>
+double time_captured(cudaStream_t s, int calls, int reps, Body&& body) {
+  cudaGraphExec_t exec = capture_graph(s, body);
   const double us = time_graph(s, exec, calls, reps);
   FP8MLA_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  FP8MLA_CUDA_CHECK(cudaGraphDestroy(g));
   return us;
 }
 
@@ -58,18 +65,12 @@ double time_captured(cudaStream_t s, int calls, int reps, Body&& body) {
 template <class Body>
 double time_captured_within(cudaStream_t s, int calls, double budget_s, int min_reps, int max_reps,
                             Body&& body) {
-  cudaGraph_t g;
-  cudaGraphExec_t exec;
-  FP8MLA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  body();
-  FP8MLA_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-  FP8MLA_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+  cudaGraphExec_t exec = capture_graph(s, body);
   const double first_us = time_graph(s, exec, calls, 1);
   const double per_replay_s = std::max(first_us * calls * 1e-6, 1e-7);
   const int reps = std::clamp(static_cast<int>(budget_s / per_replay_s), min_reps, max_reps);
   const double us = time_graph(s, exec, calls, reps);
   FP8MLA_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  FP8MLA_CUDA_CHECK(cudaGraphDestroy(g));
   return us;
 }
 
