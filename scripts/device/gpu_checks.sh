@@ -10,10 +10,12 @@
 #                       fp8 products forced, and with one cp.async stage as on 99-KB GPUs
 #   sparse              fp8mla bench --sparse: the sparse top-k grid (SPARSE_ARGS, e.g. --quick)
 #   bench               the table's choice beside the portable family on the grid's main shapes
-#   python              the GPU pytest (tests/python/test_gpu*.py, test_context_parallel.py) on the
-#                       carried package (.device_carry/fp8mla_py)
+#   python              the GPU pytest (tests/python/test_gpu*.py, test_context_parallel.py, the
+#                       SGLang plugin's) on the binary wheel in dist/ (carry dist), else on the
+#                       carried package tree (.device_carry/fp8mla_py)
 #   peers               the peer benchmark (bench/peers) when FlashInfer's carry came along
-#   traces              CUDA traces of the three strategies for `fp8mla audit`'s fixtures
+#   traces              CUDA traces of the three strategies for `fp8mla audit`'s fixtures (the
+#                       gather trace is the one tests/audit/traces/cuda still lacks)
 #   sanitize_portable   memcheck and racecheck of the portable kernels on a small grid
 #
 # Run from the repo root on the device with the binaries carried in .device_carry/bin
@@ -60,6 +62,14 @@ bench() {  # bench NAME [ENV...]: the decode grid's main shapes, fp8 and the blo
   grep -E "ceil|native" "$out/bench_$name.txt" | head -40
 }
 
+# The Python package: the binary wheel when dist/ came along (scripts/check_wheel.sh with the
+# device's Python), else the carried package tree.
+pkg=$PWD/.device_carry/fp8mla_py
+whl=$(ls dist/fp8mla-*-cp3*-manylinux*.whl 2>/dev/null | head -1)
+if [ -n "$whl" ]; then
+  pkg=/tmp/fp8mla-wheel && rm -rf "$pkg" && python3 -m zipfile -e "$whl" "$pkg"
+fi
+
 for step in $steps; do
   case $step in
     tests) suite default ;;
@@ -80,9 +90,9 @@ for step in $steps; do
       bench table
       bench portable FP8MLA_KERNEL_FAMILY=portable ;;
     python)
-      if [ ! -d .device_carry/fp8mla_py ] || [ "$(left)" -lt 90 ]; then echo "python skipped"; continue; fi
-      section "GPU pytest"
-      PYTHONPATH=$PWD/.device_carry/fp8mla_py timeout $(($(left) - 60)) python3 -m pytest -q \
+      if [ ! -d "$pkg" ] || [ "$(left)" -lt 90 ]; then echo "python skipped"; continue; fi
+      section "GPU pytest (${whl:-$pkg})"
+      PYTHONPATH=$pkg timeout $(($(left) - 60)) python3 -m pytest -q -rs \
         -p no:cacheprovider tests/python/test_gpu.py tests/python/test_gpu_engines.py \
         tests/python/test_context_parallel.py tests/python/test_sglang_plugin.py \
         > "$out/tests_python.txt" 2>&1
@@ -93,9 +103,9 @@ for step in $steps; do
         PEERS_BUDGET_S=$(($(left) - ${AFTER_PEERS_S:-130})) bash scripts/device/run_peers.sh ${PEERS_ARGS:-}
       fi ;;
     traces)
-      if [ -d .device_carry/fp8mla_py ] && [ "$(left)" -gt 120 ]; then
+      if [ -d "$pkg" ] && [ "$(left)" -gt 120 ]; then
         section "CUDA traces"
-        PYTHONPATH=$PWD/.device_carry/fp8mla_py timeout 60 python3 scripts/record_traces.py \
+        PYTHONPATH=$pkg timeout 60 python3 scripts/record_traces.py \
           --device cuda --out "$out/cuda" --pool 262144 --context 2048 --batch 16 --heads 16 \
           --layers 8 --steps 4 > "$out/traces.txt" 2>&1
         echo "rc=$?"; tail -3 "$out/traces.txt"
