@@ -5,14 +5,20 @@ CSR arrays (positional or keyword), with ``metadata=MLAPlanMetadata.csr(...)`` /
 ``.dual(...)``, or with flat dense arrays; run() with ``q_nope, q_pe, ckv_cache, kpe_cache`` or
 with structural ``query=`` / ``kv_cache=`` values (a packed tensor or a (nope, rope) pair). This
 module turns each form into the arrays and views the library takes, and reads the index arrays
-as FlashInfer reads them. It imports no framework: torch and numpy arrays are told apart by
+as FlashInfer reads them, and resolves FlashInfer's data types, choices, deprecated forms and
+argument names in messages. It imports no framework: torch and numpy arrays are told apart by
 fp8mla._tensors.
 """
 
+import functools
+import re
+import warnings
 from dataclasses import dataclass
 from typing import Optional
 
-from ._tensors import host_i32, is_numpy, is_torch, length, numpy_module
+from . import _fp8mla as _ext
+from ._tensors import host_i32, is_numpy, is_torch, length, numpy_module, torch_module
+from .api import KvFormat, as_format
 
 # FlashInfer's backend names (0.6.18 and 0.7.4). "auto", "fa2" and "fa3" select fp8mla's own
 # kernels; the others name FlashInfer kernels fp8mla does not have.
@@ -249,3 +255,97 @@ def split_last(packed, widths, name):
         raise ValueError(f"{name}: the packed last dimension must be {widths[0]} + {widths[1]} = "
                          f"{sum(widths)}, got {packed.shape[-1]}")
     return packed[..., : widths[0]], packed[..., widths[0]:]
+
+
+# ---- data types, choices, messages and deprecations ----
+
+# FlashInfer's C++ names in library messages -> the Python argument the caller passed.
+RENAMES = (
+    (re.compile(r"\bkv\.ckv_scale\b"), "ckv_scale"),
+    (re.compile(r"\bkv\.kpe_scale\b"), "kpe_scale"),
+    (re.compile(r"\bkv\.ckv\b"), "ckv_cache"),
+    (re.compile(r"\bkv\.kpe\b"), "kpe_cache"),
+    (re.compile(r"\bkv\.format\b"), "kv_data_type"),
+    (re.compile(r"\bkv_len(?=[\[:. ])"), "kv_len_arr"),
+    (re.compile(r"\bborrowed_kv_indices\b"), "kv_indices"),
+    (re.compile(r"\bdevice_kv_indices\b"), "kv_indices"),
+)
+
+
+def renamed(err):
+    """A library ValueError re-raised with FlashInfer's Python argument names."""
+    text = str(err)
+    for pattern, name in RENAMES:
+        text = pattern.sub(name, text)
+    return type(err)(text)
+
+
+def unsupported(name, what):
+    return NotImplementedError(f"{name}: {what}")
+
+
+def q_dtype_of(q_data_type, device_kind):
+    """"bf16" or "f16" for a FlashInfer q_data_type; f16 runs on the CPU backend only."""
+    q = dtype_name(q_data_type)
+    if q in ("bfloat16", "uint16"):
+        return "bf16"
+    if q == "float16":
+        if device_kind == "cuda":
+            raise unsupported(
+                "q_data_type", "torch.float16 queries run on fp8mla's CPU backend only; its CUDA "
+                "kernels take bfloat16 (convert q to bfloat16, or plan on the CPU)")
+        return "f16"
+    if q == "float8_e4m3fn":
+        raise unsupported("q_data_type", "FP8 queries are not supported; fp8mla reads the FP8 "
+                           "cache with bfloat16 (or, on the CPU, float16) queries")
+    raise ValueError(f"q_data_type: expected torch.bfloat16 or torch.float16, got {q_data_type}")
+
+
+def kv_format_of(kv_data_type, kv_format):
+    """KvFormat from FlashInfer's kv_data_type and fp8mla's optional kv_format."""
+    kv = dtype_name(kv_data_type)
+    bf16_types = ("bfloat16", "uint16")
+    fp8_types = ("float8_e4m3fn", "uint8")
+    if kv == "float16":
+        raise unsupported("kv_data_type", "float16 caches are not supported: fp8mla stores "
+                           "bfloat16, float8_e4m3fn (per-tensor scales) or the 656-byte block "
+                           "format")
+    if kv not in bf16_types + fp8_types:
+        raise ValueError(f"kv_data_type: expected torch.bfloat16 or torch.float8_e4m3fn (uint8 "
+                         f"taken as FP8 bytes), got {kv_data_type}")
+    if kv_format is None:
+        return KvFormat.bf16 if kv in bf16_types else KvFormat.fp8_e4m3
+    fmt = as_format(kv_format)
+    if (fmt == KvFormat.bf16) != (kv in bf16_types):
+        raise ValueError(
+            f"kv_format: {_ext.format_name(fmt)} does not match kv_data_type {kv_data_type}")
+    return fmt
+
+
+def check_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"{name}: expected one of {', '.join(map(repr, choices))}, "
+                         f"got {value!r}")
+
+
+def deprecated(message):
+    """A DeprecationWarning as FlashInfer 0.7 gives for its deprecated forms; not while
+    torch.compile traces (Dynamo cannot trace warnings.warn)."""
+    torch = torch_module()
+    if torch is not None and torch.compiler.is_compiling():
+        return
+    warnings.warn(message, DeprecationWarning, stacklevel=4)
+
+
+def warn_positional(method):
+    """FlashInfer 0.7 deprecates positional plan() / run() arguments: warn once per wrapper."""
+
+    @functools.wraps(method)
+    def wrapped(self, *args, **kwargs):
+        if args and not self._warned_positional:
+            self._warned_positional = True
+            deprecated("Positional MLA arguments are deprecated in FlashInfer 0.7; pass plan() "
+                        "and run() arguments by keyword (fp8mla accepts both).")
+        return method(self, *args, **kwargs)
+
+    return wrapped

@@ -322,3 +322,34 @@ def require_array(x, name, ndim=None):
     if ndim is not None and len(x.shape) != ndim:
         raise ValueError(f"{name}.ndim: expected {ndim} dimensions, got shape {tuple(x.shape)}")
     return x
+
+
+def same_buffer(a, b):
+    """True when a and b are the same elements of one buffer (a copy between them is a no-op)."""
+    if a is b:
+        return True
+    if is_torch(a) and is_torch(b):
+        return (a.data_ptr() == b.data_ptr() and a.numel() == b.numel() and a.dtype == b.dtype
+                and (a.numel() <= 1 or a.stride() == b.stride()))
+    if is_numpy(a) and is_numpy(b):
+        return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+                and a.shape == b.shape and a.strides == b.strides)
+    return False
+
+
+def copy_into(dst, src, name):
+    """dst[:len(src)] = src, stream-ordered for torch (non_blocking), as FlashInfer's graph plan
+    fills the constructor's buffers."""
+    n = length(src)
+    if length(dst) < n:
+        raise ValueError(f"{name}: the CUDA graph buffer given to the constructor holds "
+                         f"{length(dst)} entries, fewer than the {n} planned")
+    target = dst[:n]
+    if same_buffer(target, src):
+        return
+    if is_torch(dst):
+        torch = torch_module()
+        source = src if is_torch(src) else torch.as_tensor(src)
+        target.copy_(source, non_blocking=True)
+    else:
+        target[...] = src

@@ -8,10 +8,7 @@ with an error naming the argument (NotImplementedError for a valid FlashInfer re
 cannot serve, ValueError for an invalid one); docs/python.md lists every difference.
 """
 
-import functools
 import math
-import re
-import warnings
 
 from . import _fp8mla as _ext
 from . import _registry
@@ -25,18 +22,25 @@ from ._flashinfer_args import (
     MLAPlanMetadata,
     adjacent_views,
     array_dtype,
+    check_choice,
     csr_from_dense,
     csr_from_flat,
+    deprecated,
     dtype_name,
+    kv_format_of,
     parse_structural,
+    q_dtype_of,
+    renamed,
     split_last,
+    unsupported,
+    warn_positional,
 )
 from ._tensors import (
+    copy_into,
     device_of,
     empty,
     for_ext,
     is_capturing,
-    is_numpy,
     is_torch,
     length,
     max_value,
@@ -45,129 +49,7 @@ from ._tensors import (
     to_log2_inplace,
     torch_module,
 )
-from .api import DIM_CKV, DIM_KPE, KvFormat, _plan_options, _problem_args, as_format
-
-# FlashInfer's C++ names in library messages -> the Python argument the caller passed.
-_RENAMES = (
-    (re.compile(r"\bkv\.ckv_scale\b"), "ckv_scale"),
-    (re.compile(r"\bkv\.kpe_scale\b"), "kpe_scale"),
-    (re.compile(r"\bkv\.ckv\b"), "ckv_cache"),
-    (re.compile(r"\bkv\.kpe\b"), "kpe_cache"),
-    (re.compile(r"\bkv\.format\b"), "kv_data_type"),
-    (re.compile(r"\bkv_len(?=[\[:. ])"), "kv_len_arr"),
-    (re.compile(r"\bborrowed_kv_indices\b"), "kv_indices"),
-    (re.compile(r"\bdevice_kv_indices\b"), "kv_indices"),
-)
-
-
-def _renamed(err):
-    """A library ValueError re-raised with FlashInfer's Python argument names."""
-    text = str(err)
-    for pattern, name in _RENAMES:
-        text = pattern.sub(name, text)
-    return type(err)(text)
-
-
-def _unsupported(name, what):
-    return NotImplementedError(f"{name}: {what}")
-
-
-def _q_dtype_of(q_data_type, device_kind):
-    """"bf16" or "f16" for a FlashInfer q_data_type; f16 runs on the CPU backend only."""
-    q = dtype_name(q_data_type)
-    if q in ("bfloat16", "uint16"):
-        return "bf16"
-    if q == "float16":
-        if device_kind == "cuda":
-            raise _unsupported(
-                "q_data_type", "torch.float16 queries run on fp8mla's CPU backend only; its CUDA "
-                "kernels take bfloat16 (convert q to bfloat16, or plan on the CPU)")
-        return "f16"
-    if q == "float8_e4m3fn":
-        raise _unsupported("q_data_type", "FP8 queries are not supported; fp8mla reads the FP8 "
-                           "cache with bfloat16 (or, on the CPU, float16) queries")
-    raise ValueError(f"q_data_type: expected torch.bfloat16 or torch.float16, got {q_data_type}")
-
-
-def _kv_format_of(kv_data_type, kv_format):
-    """KvFormat from FlashInfer's kv_data_type and fp8mla's optional kv_format."""
-    kv = dtype_name(kv_data_type)
-    bf16_types = ("bfloat16", "uint16")
-    fp8_types = ("float8_e4m3fn", "uint8")
-    if kv == "float16":
-        raise _unsupported("kv_data_type", "float16 caches are not supported: fp8mla stores "
-                           "bfloat16, float8_e4m3fn (per-tensor scales) or the 656-byte block "
-                           "format")
-    if kv not in bf16_types + fp8_types:
-        raise ValueError(f"kv_data_type: expected torch.bfloat16 or torch.float8_e4m3fn (uint8 "
-                         f"taken as FP8 bytes), got {kv_data_type}")
-    if kv_format is None:
-        return KvFormat.bf16 if kv in bf16_types else KvFormat.fp8_e4m3
-    fmt = as_format(kv_format)
-    if (fmt == KvFormat.bf16) != (kv in bf16_types):
-        raise ValueError(
-            f"kv_format: {_ext.format_name(fmt)} does not match kv_data_type {kv_data_type}")
-    return fmt
-
-
-def _check_choice(name, value, choices):
-    if value not in choices:
-        raise ValueError(f"{name}: expected one of {', '.join(map(repr, choices))}, "
-                         f"got {value!r}")
-
-
-def _same_buffer(a, b):
-    """True when a and b are the same elements of one buffer (a copy between them is a no-op)."""
-    if a is b:
-        return True
-    if is_torch(a) and is_torch(b):
-        return (a.data_ptr() == b.data_ptr() and a.numel() == b.numel() and a.dtype == b.dtype
-                and (a.numel() <= 1 or a.stride() == b.stride()))
-    if is_numpy(a) and is_numpy(b):
-        return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
-                and a.shape == b.shape and a.strides == b.strides)
-    return False
-
-
-def _copy_into(dst, src, name):
-    """dst[:len(src)] = src, stream-ordered for torch (non_blocking), as FlashInfer's graph plan
-    fills the constructor's buffers."""
-    n = length(src)
-    if length(dst) < n:
-        raise ValueError(f"{name}: the CUDA graph buffer given to the constructor holds "
-                         f"{length(dst)} entries, fewer than the {n} planned")
-    target = dst[:n]
-    if _same_buffer(target, src):
-        return
-    if is_torch(dst):
-        torch = torch_module()
-        source = src if is_torch(src) else torch.as_tensor(src)
-        target.copy_(source, non_blocking=True)
-    else:
-        target[...] = src
-
-
-def _deprecated(message):
-    """A DeprecationWarning as FlashInfer 0.7 gives for its deprecated forms; not while
-    torch.compile traces (Dynamo cannot trace warnings.warn)."""
-    torch = torch_module()
-    if torch is not None and torch.compiler.is_compiling():
-        return
-    warnings.warn(message, DeprecationWarning, stacklevel=4)
-
-
-def _warn_positional(method):
-    """FlashInfer 0.7 deprecates positional plan() / run() arguments: warn once per wrapper."""
-
-    @functools.wraps(method)
-    def wrapped(self, *args, **kwargs):
-        if args and not self._warned_positional:
-            self._warned_positional = True
-            _deprecated("Positional MLA arguments are deprecated in FlashInfer 0.7; pass plan() "
-                        "and run() arguments by keyword (fp8mla accepts both).")
-        return method(self, *args, **kwargs)
-
-    return wrapped
+from .api import DIM_CKV, DIM_KPE, KvFormat, _plan_options, _problem_args
 
 
 class BatchMLAPagedAttentionWrapper:
@@ -224,7 +106,7 @@ class BatchMLAPagedAttentionWrapper:
     ):
         if backend not in OWN_BACKENDS:
             if backend in FLASHINFER_BACKENDS:
-                raise _unsupported(
+                raise unsupported(
                     "backend", f"{backend!r} names a FlashInfer kernel family fp8mla does not "
                     f"have; use 'auto' (or 'fa2' / 'fa3', which select fp8mla's kernels)")
             raise ValueError(f"backend: expected one of {', '.join(map(repr, OWN_BACKENDS))}, "
@@ -280,7 +162,7 @@ class BatchMLAPagedAttentionWrapper:
 
     # ---- plan ----
 
-    @_warn_positional
+    @warn_positional
     def plan(
         self,
         qo_indptr=None,
@@ -366,7 +248,7 @@ class BatchMLAPagedAttentionWrapper:
             legacy_flat = True
             if not BatchMLAPagedAttentionWrapper._legacy_plan_warned:
                 BatchMLAPagedAttentionWrapper._legacy_plan_warned = True
-                _deprecated(
+                deprecated(
                     "Passing flat BatchMLAPagedAttentionWrapper.plan metadata arrays is "
                     "deprecated in FlashInfer 0.7; pass metadata=fp8mla.mla.MLAPlanMetadata."
                     "csr(...) (fp8mla accepts both).")
@@ -383,25 +265,25 @@ class BatchMLAPagedAttentionWrapper:
             query_layout = "split" if legacy_flat else "packed"
         if kv_cache_layout is None:
             kv_cache_layout = "split" if legacy_flat else "packed"
-        _check_choice("query_layout", query_layout, LAYOUTS)
-        _check_choice("kv_cache_layout", kv_cache_layout, LAYOUTS)
-        _check_choice("lse_mode", lse_mode, LSE_MODES)
-        _check_choice("output_scale", output_scale, OUTPUT_SCALES)
-        _check_choice("scale_mode", scale_mode, SCALE_MODES)
+        check_choice("query_layout", query_layout, LAYOUTS)
+        check_choice("kv_cache_layout", kv_cache_layout, LAYOUTS)
+        check_choice("lse_mode", lse_mode, LSE_MODES)
+        check_choice("output_scale", output_scale, OUTPUT_SCALES)
+        check_choice("scale_mode", scale_mode, SCALE_MODES)
         if use_profiler:
-            raise _unsupported("use_profiler", "FlashInfer's intra-kernel profiler is not "
+            raise unsupported("use_profiler", "FlashInfer's intra-kernel profiler is not "
                                "supported")
         if output_scale != "none":
-            raise _unsupported("output_scale", "FP8 outputs (o_scale) are not supported")
+            raise unsupported("output_scale", "FP8 outputs (o_scale) are not supported")
         if scale_mode in ("bmm-scalar", "bmm-tensor"):
-            raise _unsupported("scale_mode", f"{scale_mode!r} (FlashInfer's trtllm-gen BMM "
+            raise unsupported("scale_mode", f"{scale_mode!r} (FlashInfer's trtllm-gen BMM "
                                "scales) is not supported; FP8 caches take kv-per-tensor scales")
         if skip_softmax:
-            raise _unsupported("skip_softmax", "skip-softmax thresholds are not supported")
+            raise unsupported("skip_softmax", "skip-softmax thresholds are not supported")
         if use_sinks:
-            raise _unsupported("use_sinks", "attention sinks are not supported")
+            raise unsupported("use_sinks", "attention sinks are not supported")
         if enable_pdl is False:
-            raise _unsupported("enable_pdl", "fp8mla's CUDA kernels always launch with "
+            raise unsupported("enable_pdl", "fp8mla's CUDA kernels always launch with "
                                "programmatic dependent launch (stream order is kept); False "
                                "cannot be honoured")
 
@@ -410,15 +292,15 @@ class BatchMLAPagedAttentionWrapper:
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name}: must be an integer >= {low}, got {value!r}")
         if head_dim_ckv != DIM_CKV:
-            raise _unsupported("head_dim_ckv", f"fp8mla computes MLA with a {DIM_CKV}-wide "
+            raise unsupported("head_dim_ckv", f"fp8mla computes MLA with a {DIM_CKV}-wide "
                                f"latent (kv_lora_rank), got {head_dim_ckv}")
         if head_dim_kpe != DIM_KPE:
-            raise _unsupported("head_dim_kpe", f"fp8mla computes MLA with a {DIM_KPE}-wide rope "
+            raise unsupported("head_dim_kpe", f"fp8mla computes MLA with a {DIM_KPE}-wide rope "
                                f"part (NoPE, 0, is not supported), got {head_dim_kpe}")
         if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size <= 0:
             raise ValueError(f"page_size: must be a positive int, got {page_size!r}")
-        q_dtype = _q_dtype_of(q_data_type, self._device[0])
-        fmt = _kv_format_of(kv_data_type, kv_format)
+        q_dtype = q_dtype_of(q_data_type, self._device[0])
+        fmt = kv_format_of(kv_data_type, kv_format)
         out_name = dtype_name(output_dtype) if output_dtype is not None else dtype_name(
             q_data_type)
         if out_name != dtype_name(q_data_type):
@@ -448,13 +330,13 @@ class BatchMLAPagedAttentionWrapper:
             else:
                 csr = csr_from_dense(cum_seq_lens_q, block_tables, seq_lens, max_q_len, page_size)
         except ValueError as e:
-            raise _renamed(e) from None
+            raise renamed(e) from None
 
         n_pages = int(csr.kv_indptr[csr.batch]) if csr.batch >= 0 else 0
         borrowed = None
         if self._use_cuda_graph and self._kv_indices_buf is not None:
             # FlashInfer's graph mode: the kernels read the constructor's buffer.
-            _copy_into(self._kv_indices_buf, csr.kv_indices[:n_pages], "kv_indices")
+            copy_into(self._kv_indices_buf, csr.kv_indices[:n_pages], "kv_indices")
             borrowed = self._kv_indices_buf
             kvi = None
         else:
@@ -464,7 +346,7 @@ class BatchMLAPagedAttentionWrapper:
                                    (self._kv_indptr_buf, csr.kv_indptr, "kv_indptr"),
                                    (self._kv_len_arr_buf, csr.kv_len, "kv_len_arr")):
                 if buf is not None and length(buf) >= length(src):
-                    _copy_into(buf, src, name)
+                    copy_into(buf, src, name)
         else:
             self._qo_indptr_buf, self._kv_indptr_buf = csr.qo_indptr, csr.kv_indptr
             self._kv_indices_buf, self._kv_len_arr_buf = csr.kv_indices, csr.kv_len
@@ -493,7 +375,7 @@ class BatchMLAPagedAttentionWrapper:
         try:
             self._build(pages, problem)
         except ValueError as e:
-            raise _renamed(e) from None
+            raise renamed(e) from None
         # Only once it planned: a failed plan() leaves the last one.
         self._problem = problem
         self._contract = dict(
@@ -558,7 +440,7 @@ class BatchMLAPagedAttentionWrapper:
 
     # ---- run ----
 
-    @_warn_positional
+    @warn_positional
     def run(
         self,
         q_nope=None,
@@ -657,7 +539,7 @@ class BatchMLAPagedAttentionWrapper:
                                                         contract["kv_cache_layout"])
         if legacy and not self._warned_legacy_tensors:
             self._warned_legacy_tensors = True
-            _deprecated("q_nope / q_pe and ckv_cache / kpe_cache are deprecated in FlashInfer 0.7; "
+            deprecated("q_nope / q_pe and ckv_cache / kpe_cache are deprecated in FlashInfer 0.7; "
                         "pass query= and kv_cache= (fp8mla accepts both).")
 
         # The LSE contract (0.7): what run() asks for must be what plan() declared, except for
@@ -671,7 +553,7 @@ class BatchMLAPagedAttentionWrapper:
                                  f"asks for {asked!r}; re-plan with lse_mode={asked!r}")
             if not self._warned_dynamic_lse:
                 self._warned_dynamic_lse = True
-                _deprecated("FlashInfer 0.7 flat CSR plans allow a run-time LSE only "
+                deprecated("FlashInfer 0.7 flat CSR plans allow a run-time LSE only "
                             "temporarily; pass lse_mode= to plan().")
 
         # Scales: FP8 caches need both (as FlashInfer requires), other formats none.
@@ -684,7 +566,7 @@ class BatchMLAPagedAttentionWrapper:
                                  "required when kv_data_type is FP8 (SGLang's unscaled pool: "
                                  "ckv_scale=1.0, kpe_scale=1.0)")
             if ckv_scale_arr is not None:
-                raise _unsupported("ckv_scale_arr", "per-token, per-128-channel scales in a "
+                raise unsupported("ckv_scale_arr", "per-token, per-128-channel scales in a "
                                    "separate array are not supported; the fp8_e4m3_block cache "
                                    "format (kv_format='fp8_e4m3_block') keeps such scales in "
                                    "each token")
@@ -814,7 +696,7 @@ class BatchMLAPagedAttentionWrapper:
             try:
                 self._build(pages, p)
             except ValueError as e:
-                raise _renamed(e) from None
+                raise renamed(e) from None
             self._num_pages = pages
         elif pages is not None:
             self._num_pages = pages  # later plan() calls check the pool bound at once
@@ -823,7 +705,7 @@ class BatchMLAPagedAttentionWrapper:
                      for_ext(kpe_cache), for_ext(out), for_ext(lse), float(ckv_scale),
                      float(kpe_scale), None, int(stream))
         except ValueError as e:
-            raise _renamed(e) from None
+            raise renamed(e) from None
 
     # FlashInfer's older names.
     begin_forward = plan
