@@ -11,8 +11,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <functional>
-#include <initializer_list>
 #include <numeric>
 #include <random>
 #include <string>
@@ -22,27 +20,14 @@
 #include "fp8mla/error.h"
 #include "fp8mla/format.h"
 #include "src/core/f16.h"
+#include "tests/common/expect_error.h"
 #include "tests/common/test_util.h"
 
 namespace fp8mla {
 namespace {
 
+using test::expect_error;
 using test::ProblemSpec;
-
-void expect_error(const std::function<void()>& f, std::initializer_list<const char*> needles,
-                  ErrorCode code = ErrorCode::invalid_argument) {
-  try {
-    f();
-  } catch (const Error& e) {
-    EXPECT_EQ(static_cast<int>(e.code()), static_cast<int>(code)) << e.what();
-    for (const char* n : needles) {
-      EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
-          << "message \"" << e.what() << "\" lacks \"" << n << "\"";
-    }
-    return;
-  }
-  ADD_FAILURE() << "no fp8mla::Error thrown (expected one naming " << *needles.begin() << ")";
-}
 
 TensorView i32_view(std::vector<std::int32_t>& v) {
   TensorView t;

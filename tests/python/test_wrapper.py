@@ -192,6 +192,8 @@ def test_empty_batch():
     o, lse = w.run(q[:, :, :512], q[:, :, 512:], pool[:, :, :512], pool[:, :, 512:],
                    return_lse=True, **UNIT)
     assert o.shape == (0, 8, 512) and lse.shape == (0, 8)
+    o = w.run(q[:, :, :512], q[:, :, 512:], pool[:, :, :512], pool[:, :, 512:], **UNIT)
+    assert o.shape == (0, 8, 512)
 
 
 @pytest.mark.parametrize("fmt", ref.FORMATS)

@@ -172,17 +172,6 @@ def test_all_empty_batch_over_an_empty_pool():
     assert o is out and np.all(o == 0) and np.all(np.isneginf(lse))
 
 
-def test_idle_batch_of_no_requests():
-    w = fp8mla.BatchMLAPagedAttentionWrapper(None)
-    z = np.zeros(1, np.int32)
-    w.plan(z, z, np.zeros(0, np.int32), np.zeros(0, np.int32), 8, 512, 64, 1, False, 0.1,
-           "bfloat16", "uint8")
-    pool = np.zeros((4, 1, 576), np.uint8)
-    q = np.zeros((0, 8, 576), np.uint16)
-    o = w.run(q[:, :, :512], q[:, :, 512:], pool[:, :, :512], pool[:, :, 512:], **UNIT)
-    assert o.shape == (0, 8, 512)
-
-
 # ---- FlashInfer 0.7 forms ----
 
 def metadata_wrapper(rng, fmt="bf16", page_size=8, **plan_kw):
