@@ -55,12 +55,13 @@ def test_gpu_matches_cpu_backend(rng, fmt):
                "bfloat16", kv_dtype, **kw)
     ckv, kpe = ref.cache_views(data, fmt)
     o_cpu, lse_cpu = w_cpu.run(q_bits[:, :, :512], q_bits[:, :, 512:], ckv, kpe,
-                               return_lse=True)
+                               return_lse=True, **cases.scales(fmt))
     w_gpu = cases.make_wrapper(DEVICE)
     cases.plan_batch(w_gpu, b, 32, True, 0.07, fmt, DEVICE)
     tckv, tkpe = cases.torch_cache(data, fmt, DEVICE)
     qt = cases.bf16(q_bits, DEVICE)
-    o_gpu, lse_gpu = w_gpu.run(qt[:, :, :512], qt[:, :, 512:], tckv, tkpe, return_lse=True)
+    o_gpu, lse_gpu = w_gpu.run(qt[:, :, :512], qt[:, :, 512:], tckv, tkpe, return_lse=True,
+                               **cases.scales(fmt))
     ro, rl = ref.attention(q, pool, b.qo_indptr, b.kv_indptr, b.kv_indices, b.kv_len, 16, True,
                            np.float32(0.07))
     ref.check_attention(cases.bits(o_gpu), lse_gpu.cpu().numpy(), ro, rl * ref.LOG2E, "gpu",
@@ -105,7 +106,7 @@ def test_runs_on_the_current_stream(rng):
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         out = cases.nan_bf16((b.total_q, 16, 512), DEVICE)
-        w.run(qt[:, :, :512], qt[:, :, 512:], ckv, kpe, out=out)
+        w.run(qt[:, :, :512], qt[:, :, 512:], ckv, kpe, out=out, **cases.scales("fp8_e4m3"))
     side.synchronize()
     ro, _ = ref.attention(q, pool, b.qo_indptr, b.kv_indptr, b.kv_indices, b.kv_len, 64, False,
                           np.float32(0.1))
@@ -141,7 +142,7 @@ def test_cuda_graph_capture_replan_replay(rng, fmt, page_size, qo_len):
 
     def run():
         w.run(q_static[:, :, :512], q_static[:, :, 512:], ckv, kpe, out=out, lse=lse,
-              return_lse=True)
+              return_lse=True, **cases.scales(fmt))
 
     def check(b, q, what):
         ro, rl = ref.attention(q, pool, b.qo_indptr, b.kv_indptr, b.kv_indices, b.kv_len,
@@ -202,7 +203,8 @@ def test_exact_scores_option(rng, exact):
     cases.plan_batch(w, b, 16, False, 0.4, "fp8_e4m3", DEVICE)
     ckv, kpe = cases.torch_cache(data, "fp8_e4m3", DEVICE)
     qt = cases.bf16(q_bits, DEVICE)
-    o, lse = w.run(qt[:, :, :512], qt[:, :, 512:], ckv, kpe, return_lse=True)
+    o, lse = w.run(qt[:, :, :512], qt[:, :, 512:], ckv, kpe, return_lse=True,
+                   **cases.scales("fp8_e4m3"))
     ro, rl = ref.attention(q, pool, b.qo_indptr, b.kv_indptr, b.kv_indices, b.kv_len, 64, False,
                            np.float32(0.4))
     lse = lse.cpu().numpy()
@@ -228,11 +230,51 @@ def test_device_page_table(rng):
         w = cases.make_wrapper(DEVICE)
         w.plan(b.qo_indptr, b.kv_indptr, table, b.kv_len, 16, 512, 64, 1, False, 0.1,
                torch.bfloat16, torch.float8_e4m3fn, num_pages=b.num_pages)
-        outs.append(w.run(qt[:, :, :512], qt[:, :, 512:], tckv, tkpe, return_lse=True))
+        outs.append(w.run(qt[:, :, :512], qt[:, :, 512:], tckv, tkpe, return_lse=True,
+                          **cases.scales("fp8_e4m3")))
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
     bad = torch.from_numpy(np.asarray(b.kv_indices, np.int32)).to(DEVICE)
     bad[1234] = b.num_pages
     w = cases.make_wrapper(DEVICE)
-    with pytest.raises(ValueError, match=r"device_kv_indices\[1234\]"):
+    with pytest.raises(ValueError, match=r"^kv_indices\[1234\]"):
         w.plan(b.qo_indptr, b.kv_indptr, bad, b.kv_len, 16, 512, 64, 1, False, 0.1,
                torch.bfloat16, torch.float8_e4m3fn, num_pages=b.num_pages)
+
+
+def test_any_scale_ratio(rng):
+    """FlashInfer takes any kpe_scale / ckv_scale. fp8mla's fastest kernels fold a power of two
+    into q_pe, so an eager wrapper re-plans at the first run() with another ratio (kernels that
+    take any) and keeps that for later plans; a graph-mode wrapper refuses it, naming kpe_scale,
+    unless it was made with any_scale_ratio=True."""
+    b = ref.Batch(rng, [700, 33], [1, 1], 64)
+    data, _ = ref.make_pool(rng, "fp8_e4m3", b.num_pages, 64)
+    cs, ks = 0.011, 0.0037
+    pool = ref.decode_tokens(data, "fp8_e4m3")
+    pool[..., :512] *= np.float64(np.float32(cs))
+    pool[..., 512:] *= np.float64(np.float32(ks))
+    q_bits, q = ref.random_q(rng, b.total_q, 16)
+    ckv, kpe = cases.torch_cache(data, "fp8_e4m3", DEVICE)
+    qt = cases.bf16(q_bits, DEVICE)
+    ro, rl = ref.attention(q, pool, b.qo_indptr, b.kv_indptr, b.kv_indices, b.kv_len, 64, False,
+                           np.float32(2.5))
+
+    def run(w):
+        out = cases.nan_bf16((b.total_q, 16, 512), DEVICE)
+        o, lse = w.run(qt[:, :, :512], qt[:, :, 512:], ckv, kpe, out=out, return_lse=True,
+                       ckv_scale=cs, kpe_scale=ks)
+        ref.check_attention(cases.bits(o), lse.cpu().numpy(), ro, rl * ref.LOG2E, "any ratio",
+                            DEVICE, pool)
+
+    eager = cases.make_wrapper(DEVICE)
+    for _ in range(2):  # the re-plan, then a plan() that keeps any_scale_ratio
+        cases.plan_batch(eager, b, 16, False, 2.5, "fp8_e4m3", DEVICE)
+        run(eager)
+    graph_kw = dict(use_cuda_graph=True, max_batch=2, max_total_q=2,
+                    max_kv_indices=len(b.kv_indices))
+    fixed = cases.make_wrapper(DEVICE, **graph_kw)
+    cases.plan_batch(fixed, b, 16, False, 2.5, "fp8_e4m3", DEVICE)
+    with pytest.raises(ValueError, match=r"^kpe_scale: .*any_scale_ratio=True"):
+        run(fixed)
+    anyr = cases.make_wrapper(DEVICE, any_scale_ratio=True, **graph_kw)
+    cases.plan_batch(anyr, b, 16, False, 2.5, "fp8_e4m3", DEVICE)
+    run(anyr)
