@@ -13,6 +13,9 @@ The LSE returned here is the library's: natural log. The FlashInfer-compatible w
 (fp8mla.BatchMLAPagedAttentionWrapper) converts it to FlashInfer's base 2.
 """
 
+import math
+import struct
+
 from . import _fp8mla as _ext
 from ._tensors import (
     as_flag,
@@ -194,6 +197,27 @@ def plan(
                       cuda_graph, max_batch, max_total_q, max_kv_indices, max_qo_len,
                       exact_scores, max_tile_rows, any_scale_ratio, kernel_family),
     )
+
+
+LOG2E = 1.4426950408889634
+
+
+def pow2_scale_ratio(sm_scale, ckv_scale, kpe_scale):
+    """Whether kpe_scale / ckv_scale, as the CUDA kernels see it (both times sm_scale * log2(e) in
+    float32), is a power of two: src/core/dispatch.cpp's pow2_scale_ratio, which run() checks on
+    plans made without any_scale_ratio."""
+    def f32(x):  # a double rounded to float32 (a product of two float32 values is exact first)
+        try:
+            return struct.unpack("f", struct.pack("f", x))[0]
+        except OverflowError:
+            return math.inf
+
+    s = f32(f32(sm_scale) * f32(LOG2E))
+    nope, pe = f32(s * f32(ckv_scale)), f32(s * f32(kpe_scale))
+    tiny = 2.0 ** -126  # float32's smallest normal
+    if not (tiny <= nope < math.inf and tiny <= pe < math.inf):
+        return False
+    return math.frexp(f32(pe / nope))[0] == 0.5
 
 
 def _plan_options(sm_count=0, ctas_per_sm=0, min_chunk_tokens=64, num_threads=0,

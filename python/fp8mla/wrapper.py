@@ -49,7 +49,7 @@ from ._tensors import (
     to_log2_inplace,
     torch_module,
 )
-from .api import DIM_CKV, DIM_KPE, KvFormat, _plan_options, _problem_args
+from .api import DIM_CKV, DIM_KPE, KvFormat, _plan_options, _problem_args, pow2_scale_ratio
 
 
 class BatchMLAPagedAttentionWrapper:
@@ -74,6 +74,10 @@ class BatchMLAPagedAttentionWrapper:
     Keyword-only fp8mla extras: ``num_pages`` (pool size; default: learned from the cache passed
         to the first run()), ``num_threads`` (CPU threads, 0 = all cores), ``exact_scores`` (CUDA
         fp8_e4m3: keep the scores off the fp8 tensor cores; README "Numerics"),
+        ``any_scale_ratio`` (CUDA fp8_e4m3: plan kernels that take any kpe_scale / ckv_scale;
+        without it an eager wrapper re-plans so at the first run() whose ratio is not a power of
+        two, as FlashInfer takes any ratio, and a graph-mode one raises ValueError naming
+        kpe_scale, since its captured kernels are fixed at plan()),
         ``max_tile_rows`` (0..64, fp8mla::PlanOptions::max_tile_rows), ``max_batch``,
         ``max_total_q``, ``max_kv_indices``, ``max_qo_len`` (graph capacities).
 
@@ -103,6 +107,7 @@ class BatchMLAPagedAttentionWrapper:
         num_threads=0,
         exact_scores=False,
         max_tile_rows=0,
+        any_scale_ratio=False,
     ):
         if backend not in OWN_BACKENDS:
             if backend in FLASHINFER_BACKENDS:
@@ -127,6 +132,7 @@ class BatchMLAPagedAttentionWrapper:
         self._cpu_reference = backend == "cpu_reference"
         self._num_threads = int(num_threads)
         self._exact_scores = bool(exact_scores)
+        self._any_scale_ratio = bool(any_scale_ratio)
         self._max_tile_rows = int(max_tile_rows)
         self._use_cuda_graph = bool(use_cuda_graph)
         self._qo_indptr_buf = qo_indptr
@@ -423,7 +429,8 @@ class BatchMLAPagedAttentionWrapper:
                 max_total_q=max_total_q if graph else 0,
                 max_kv_indices=max_kv if graph else 0,
                 max_qo_len=(self._max_qo_len or 0) if graph else 0,
-                exact_scores=self._exact_scores, max_tile_rows=self._max_tile_rows))
+                exact_scores=self._exact_scores, max_tile_rows=self._max_tile_rows,
+                any_scale_ratio=self._any_scale_ratio))
         self._planned_pages = num_pages
 
     def _plan_stream(self, p):
@@ -574,6 +581,7 @@ class BatchMLAPagedAttentionWrapper:
                 raise ValueError("kpe_scale: required when kv_data_type is FP8")
             cs = self._scale(ckv_scale, "ckv_scale")
             ks = self._scale(kpe_scale, "kpe_scale")
+            self._take_scale_ratio(cs, ks, q_nope)
         else:
             for name, value in (("ckv_scale", ckv_scale), ("ckv_scale_arr", ckv_scale_arr),
                                 ("kpe_scale", kpe_scale)):
@@ -605,6 +613,22 @@ class BatchMLAPagedAttentionWrapper:
         if want_lse and not return_lse_base_on_e:
             to_log2_inplace(lse)
         return (out, lse) if return_lse else out
+
+    def _take_scale_ratio(self, cs, ks, q):
+        """FlashInfer takes any kpe_scale / ckv_scale; fp8mla's fastest CUDA kernels fold a power of
+        two into q_pe (PlanOptions::any_scale_ratio). An eager plan is re-made once with
+        any_scale_ratio (kept for later plans); a graph-mode plan cannot change its kernels."""
+        if self._device[0] != "cuda" or self._any_scale_ratio:
+            return
+        if pow2_scale_ratio(self._problem["sm_scale"], cs, ks):
+            return
+        if self._use_cuda_graph or is_capturing(q):
+            raise ValueError(
+                f"kpe_scale: kpe_scale / ckv_scale = {ks:g} / {cs:g} is not a power of two, "
+                f"which this graph-mode wrapper's kernels assume; construct it with "
+                f"any_scale_ratio=True to take any ratio")
+        self._any_scale_ratio = True
+        self._planned_pages = None  # _run_native re-plans for the cache it is given
 
     @staticmethod
     def _scale(x, name):
