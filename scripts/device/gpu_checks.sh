@@ -13,6 +13,11 @@
 #   python              the GPU pytest (tests/python/test_gpu*.py, test_context_parallel.py, the
 #                       SGLang plugin's) on the binary wheel in dist/ (carry dist), else on the
 #                       carried package tree (.device_carry/fp8mla_py)
+#   port                FlashInfer's own MLA wrapper tests (tests/python/test_flashinfer_deepseek_mla.py)
+#                       on the GPU (FP8MLA_PORT_DEVICE=cuda), on the same package as python
+#   step                bench/sglang_step.py: one SGLang decode step (plan + every layer) through the
+#                       plugin against SGLang's cast-pool step, in CUDA graphs, and extend chunks
+#                       (STEP_ARGS replaces its default grid)
 #   peers               the peer benchmark (bench/peers) when FlashInfer's carry came along
 #   traces              CUDA traces of the three strategies for `fp8mla audit`'s fixtures (the
 #                       gather trace is the one tests/audit/traces/cuda still lacks)
@@ -28,7 +33,7 @@ bin=${BIN:-.device_carry/bin}
 export LD_LIBRARY_PATH=$PWD/$bin:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 t=$bin/fp8mla_tests
 f=$bin/fp8mla
-steps=${STEPS:-tests memcheck portable sparse bench python peers traces sanitize_portable}
+steps=${STEPS:-tests memcheck portable sparse bench python port step peers traces sanitize_portable}
 left() { echo $((${LIMIT:-580} - SECONDS)); }
 section() { echo "== $* ($(left) s left)"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
@@ -97,6 +102,20 @@ for step in $steps; do
         tests/python/test_context_parallel.py tests/python/test_sglang_plugin.py \
         > "$out/tests_python.txt" 2>&1
       echo "rc=$?"; tail -3 "$out/tests_python.txt" ;;
+    port)
+      if [ ! -d "$pkg" ] || [ "$(left)" -lt 90 ]; then echo "port skipped"; continue; fi
+      section "FlashInfer's MLA tests on the GPU"
+      FP8MLA_PORT_DEVICE=cuda PYTHONPATH=$pkg timeout $(($(left) - 60)) python3 -m pytest -q -rs \
+        -p no:cacheprovider tests/python/test_flashinfer_deepseek_mla.py \
+        > "$out/tests_port.txt" 2>&1
+      echo "rc=$?"; tail -3 "$out/tests_port.txt" ;;
+    step)
+      if [ ! -d "$pkg" ] || [ "$(left)" -lt 120 ]; then echo "step skipped"; continue; fi
+      section "SGLang decode step: plugin vs cast pool"
+      PYTHONPATH=$pkg timeout $(($(left) - 40)) python3 bench/sglang_step.py \
+        ${STEP_ARGS:---layers 61 --page-size 1 64 --batch 1 16 64 128 --ctx 4096 32768 --extend} \
+        --json "$out/bench_sglang_step.json" > "$out/bench_sglang_step.txt" 2>&1
+      echo "rc=$?"; tail -30 "$out/bench_sglang_step.txt" ;;
     peers)
       if [ -d .device_carry/flashinfer ] && [ "$(left)" -gt 150 ]; then
         section "peers"
@@ -115,7 +134,7 @@ for step in $steps; do
       section "sanitizers (portable)"
       sanitize memcheck "$small" FP8MLA_KERNEL_FAMILY=portable
       sanitize racecheck "$small" FP8MLA_KERNEL_FAMILY=portable ;;
-    *) echo "unknown step '$step' (steps: tests memcheck portable sparse bench python peers traces sanitize_portable)"; exit 2 ;;
+    *) echo "unknown step '$step' (steps: tests memcheck portable sparse bench python port step peers traces sanitize_portable)"; exit 2 ;;
   esac
 done
 (cd "$out" && shopt -s nullglob && f=(./tests_*.txt ./bench_* ./sanitizer.txt ./env.txt ./flashinfer_load.txt ./peers.* ./traces.txt ./cuda) &&
