@@ -221,27 +221,31 @@ __device__ __forceinline__ void mask_and_max(float (&s)[kS], float (&mx)[2], boo
 // columns + 2 tq + 8 (j / 2). A rounded product, never fused with the subtraction: the row max
 // is the rounded product of the max score, so the max gives 2^0 exactly (an FMA would expose
 // the product's rounding error, 2^52 in absolute terms for a row scaled by 2^60).
+// psum[h] += the fp32 p of row h's columns, before their rounding (see add_sums).
 template <bool kBf16, int kS>
 __device__ __forceinline__ void p_frags(std::uint32_t (&pa)[4], const float (&s)[kS], int kk,
-                                        const float (&sc)[2], const float (&pbase)[2]) {
+                                        const float (&sc)[2], const float (&pbase)[2],
+                                        float (&psum)[2]) {
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int r = 8 * kk + 2 * j, h = j % 2;
     const float p0 = fast_exp2(__fmul_rn(s[r], sc[h]) - pbase[h]);
     const float p1 = fast_exp2(__fmul_rn(s[r + 1], sc[h]) - pbase[h]);
+    psum[h] += p0 + p1;
     pa[j] = kBf16 ? float2_to_bf16x2(p0, p1) : float2_to_half2(p0, p1);
   }
 }
 
-// Row sums of what the tensor cores multiply (the rounded p), so o / l is exact.
-template <bool kBf16>
-__device__ __forceinline__ void add_sums(float (&row_sum)[2], const std::uint32_t (&pa)[4]) {
+// Row sums of p (the S accumulator's layout: s[r] is row (r / 2) % 2) in fp32, before P's
+// rounding for the tensor cores, as FlashAttention sums them: the LSE keeps fp32's accuracy. Sums
+// of the rounded P made o / l the exact normalization of what was multiplied, but a bf16 P's
+// rounding (2^-9) moved the LSE of a row of few tokens by ~2e-3 (FlashInfer's tests bound it at
+// 1e-3); o / l now differs from that normalization by the rounding averaged over the row's
+// tokens, below the bf16 output's own rounding.
+template <int kS>
+__device__ __forceinline__ void add_sums(float (&row_sum)[2], const float (&p)[kS]) {
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float2 f =
-        kBf16 ? bf16x2_to_float2(pa[j]) : __half22float2(*reinterpret_cast<const __half2*>(&pa[j]));
-    row_sum[j % 2] += f.x + f.y;
-  }
+  for (int r = 0; r < kS; ++r) row_sum[(r / 2) % 2] += p[r];
 }
 
 // A thread's partial row sum (its columns of a row) summed over its quad: the whole row's.

@@ -283,8 +283,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       pack_p(pa, s, one);
       ops::rescale_o(o, f0);
       row_sum[0] *= f0[0], row_sum[1] *= f0[1];
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) ops::add_sums<true>(row_sum, pa[kk]);
+      ops::add_sums(row_sum, s);
       send(kScale0Ready);
       if (valid_tokens(b0) < kN) zero_v_rows(tiles, 0, valid_tokens(b0), 0);
       pv(0, pa);
@@ -346,8 +345,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float f[2] = {f0[0] * f1[0], f0[1] * f1[1]};
       ops::rescale_o(o, f);
       row_sum[0] *= f[0], row_sum[1] *= f[1];
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) ops::add_sums<true>(row_sum, pa[kk]);
+      ops::add_sums(row_sum, s);
       send(kScale1Ready);
       if (has1) {
 #pragma unroll

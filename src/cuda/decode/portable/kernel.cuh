@@ -524,12 +524,12 @@ __device__ __forceinline__ void portable_decode(const DecodeParams& p) {
         const __nv_bfloat16 ra = __float2bfloat16_rn(pa), rb = __float2bfloat16_rn(pb);
         __nv_bfloat16* pr = reinterpret_cast<__nv_bfloat16*>(p_s + row * C::kPPitch);
         pr[tok_a] = ra, pr[tok_b] = rb;
-        sum = __bfloat162float(ra) + __bfloat162float(rb);  // what the tensor cores multiply
+        sum = pa + pb;  // the fp32 p, before the bf16 rounding (ops::add_sums says why)
       } else {
         const __half ra = __float2half_rn(pa), rb = __float2half_rn(pb);
         __half* pr = reinterpret_cast<__half*>(p_s + row * C::kPPitch);
         pr[tok_a] = ra, pr[tok_b] = rb;
-        sum = __half2float(ra) + __half2float(rb);
+        sum = __half2float(ra) + __half2float(rb);  // fp16 P's rounding moves the LSE < 2.5e-4
       }
       row_sum[r] = row_sum[r] * alpha_s[r] + sum;
     }

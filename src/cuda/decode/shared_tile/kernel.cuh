@@ -406,9 +406,8 @@ __global__ void __launch_bounds__(kThreads, Smem<F, MT>::kMinBlocks)
         const float p0 = exp2f(s[m][2 * h] - base), p1 = exp2f(s[m][2 * h + 1] - base);
         const std::uint32_t pb = float2_to_bf16x2(p0, p1);
         *reinterpret_cast<std::uint32_t*>(p_s + r * kPElems + tok0) = pb;
-        // Sum what the tensor cores will multiply (the rounded p), so o / l stays exact.
-        const float2 pr = bf16x2_to_float2(pb);
-        float sum = pr.x + pr.y;
+        // Row sums of the fp32 p, before the bf16 rounding (ops::add_sums says why).
+        float sum = p0 + p1;
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
         if (lane % 4 == 0) red_sum[warp * kRows + r] = sum;

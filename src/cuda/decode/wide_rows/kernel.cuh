@@ -471,19 +471,18 @@ __global__ void __launch_bounds__(kThreads, 1) wide_rows_kernel(const DecodePara
         }
         // P into the rope panel of tile s (S has read it), for warpgroup 1's P V.
         std::uint32_t pa[4][4];
+        float psum[2] = {0.0f, 0.0f};
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
-          ops::p_frags<kBf16>(pa[kk], sacc, kk, sc, pbase);
+          ops::p_frags<kBf16>(pa[kk], sacc, kk, sc, pbase, psum);
           stmatrix_x4(p_frag_addr(smem, s, warp, lane, kk), pa[kk]);
         }
         // No proxy fence: warpgroup 1 reads P by ldmatrix, in the same (generic) proxy, and no
         // wgmma reads this panel before the producer refills it behind its own fence.
         mbar_arrive(ready + 8 * s);
         ops::rescale_o(o, f);
-        row_sum[0] *= f[0], row_sum[1] *= f[1];
+        row_sum[0] = row_sum[0] * f[0] + psum[0], row_sum[1] = row_sum[1] * f[1] + psum[1];
         pv(off, pa);
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) ops::add_sums<kBf16>(row_sum, pa[kk]);
       }
       wgmma_wait<0>();
 #pragma unroll
