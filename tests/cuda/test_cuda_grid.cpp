@@ -298,24 +298,32 @@ TEST(CudaDecodeScores, LargeScoresStayAccurate) {
 // (measured on the H100: 6e-6); summing the rounded bf16 P instead moved it by up to 1.4e-3
 // (natural log) at 2-17 tokens a row, which FlashInfer's own MLA tests (lse within 1e-3) caught.
 // fp16 P's rounding (2^-12, the portable family's fp16 path keeps it) moves it < 2.5e-4, inside
-// the bound. qo_len 17 x 16 heads makes tiles of more than 16 rows; causal rows see from 1 token.
+// the bound. qo_len 17 x 16 heads makes tiles of more than 16 rows (causal rows see from 1
+// token); 8 and 16 heads of 1-2 tokens over 1-6 cached tokens run the <= 16-row kernels (bf16_tma
+// sums the fp32 p of a bf16 P as well; there fp8_e4m3 computes scores on fp8 tensor cores, whose
+// LSE the GPU tests bound at 6e-4: measured 3.1-4.3e-4 here).
 TEST(CudaDecodeScores, FewTokenRowsKeepAnAccurateLse) {
   SKIP_WITHOUT_GPU();
+  const struct {
+    int heads, qo_min, qo_max, kv_min, kv_max;
+  } shapes[] = {{16, 17, 17, 17, 40}, {128, 2, 4, 17, 40}, {8, 1, 2, 1, 6}, {16, 1, 1, 1, 6}};
   for (const KvFormat format : {KvFormat::bf16, KvFormat::fp8_e4m3_block, KvFormat::fp8_e4m3}) {
     for (int page : {1, 32, 64}) {
-      for (int heads : {16, 128}) {
-        test::ProblemSpec s = decode_spec(format, heads, page, 17, 40,
-                                          900 + static_cast<std::uint64_t>(page + heads));
+      for (const auto& sh : shapes) {
+        test::ProblemSpec s = decode_spec(format, sh.heads, page, sh.kv_min, sh.kv_max,
+                                          900 + static_cast<std::uint64_t>(page + sh.heads));
         s.batch = 5;
-        s.qo_len_min = heads == 16 ? 17 : 2;
-        s.qo_len_max = heads == 16 ? 17 : 4;
+        s.qo_len_min = sh.qo_min;
+        s.qo_len_max = sh.qo_max;
         s.causal = true;
         s.magnitude_log2 = 0.0f;
         test::RandomCase c = test::make_case(s);
+        const bool fp8_scores = format == KvFormat::fp8_e4m3 && sh.heads * sh.qo_max <= 16;
         check_case(c,
                    std::string("few-token rows, ") + format_name(format) + ", page " +
-                       std::to_string(page) + ", heads " + std::to_string(heads),
-                   {}, Tolerance{kOutTol, 3e-4});
+                       std::to_string(page) + ", heads " + std::to_string(sh.heads) +
+                       ", qo_len " + std::to_string(sh.qo_max),
+                   {}, Tolerance{kOutTol, fp8_scores ? 6e-4 : 3e-4});
       }
     }
   }

@@ -133,11 +133,12 @@ __device__ __forceinline__ void softmax_block(const float (&full)[4], const floa
     const float base = mx == -INFINITY ? 0.0f : mx;  // rows with nothing visible yet
     const float alpha = fast_exp2(st.max_p[k] - base);
     st.max_p[k] = mx;
+    const float p0 = fast_exp2(s[k] - base), p1 = fast_exp2(s[2 + k] - base);
     float pa, pb;
-    p_s[r * kPElems + tok0] = p_bits<PT>(fast_exp2(s[k] - base), pa);
-    p_s[r * kPElems + tok1] = p_bits<PT>(fast_exp2(s[2 + k] - base), pb);
-    // Sum what the tensor cores multiply (the rounded p), so o / l stays exact.
-    st.row_sum[k] = st.row_sum[k] * alpha + (pa + pb);
+    p_s[r * kPElems + tok0] = p_bits<PT>(p0, pa);
+    p_s[r * kPElems + tok1] = p_bits<PT>(p1, pb);
+    // bf16 P: the fp32 p's sum (add_sums says why); fp16 P: the rounded p, as multiplied.
+    st.row_sum[k] = st.row_sum[k] * alpha + (std::is_same_v<PT, __half> ? pa + pb : p0 + p1);
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
