@@ -102,8 +102,8 @@ __device__ __forceinline__ std::uint16_t p_bits(float p, float& rounded) {
 // One block's online softmax for a thread's S entries `full`: scores full * sc (sc: the rows'
 // scales) masked past the tile's end (kv_end, tokens j0 + ..) and the causal limits, the rows'
 // block maxima over the warpgroup's four warps (red_max[row][4]), P rows pr, pr + 1 into p_s,
-// and st updated: maxima, running sums of the rounded P, O's rows g, g + 8 rescaled. Two
-// math_syncs.
+// and st updated: maxima, running sums of P (a bf16 P: of the fp32 p), O's rows g, g + 8
+// rescaled. Two math_syncs.
 template <class PT, bool kProducer = false>
 __device__ __forceinline__ void softmax_block(const float (&full)[4], const float (&sc)[2], int j0,
                                               int kv_end, const int (&limit_p)[2], int tok0, int pr,
