@@ -20,7 +20,7 @@ MLA) for the plugin against the same chunk through the cast-pool bf16 kernel.
 
 Usage on the device (the lead's run; torch and fp8mla installed there):
     python bench/sglang_step.py --layers 61 78 --page-size 1 64 --batch 1 16 64 128 \\
-        --ctx 4096 32768 --json bench/results/sglang_step.json
+        --ctx 4096 32768 --json bench/results/h100_sglang_step.json
 On a CPU (the smoke test, tests/python/test_bench_sglang_step.py): --device cpu --no-graph with
 tiny sizes checks the two ways agree and the JSON is written.
 """
