@@ -102,7 +102,10 @@ def plugin_way(case):
         num_pages=case.num_pages, max_batch=case.batch, max_total_q=case.batch * case.qo_len,
         max_qo_len=case.qo_len)
 
-    def plan():
+    def plan():  # as fp8mla.sglang's backend: plan() once, then replan_step() each step
+        if w.plan_info is not None:
+            w.replan_step(case.qo_indptr, case.kv_indptr, case.kv_len)
+            return
         w.plan(metadata=fp8mla.MLAPlanMetadata.csr(case.qo_indptr, case.kv_indptr,
                                                    table[: case.kv_indices.numel()],
                                                    case.kv_len),

@@ -148,6 +148,9 @@ def host_i32(x, name, ndim=1):
     """
     if x is None:
         return None
+    np = sys.modules.get("numpy")
+    if np is not None and type(x) is np.ndarray and x.dtype == np.int32 and x.ndim == ndim:
+        return x.copy()  # the plan path's common case: already a host int32 array
     torch = torch_module()
     if torch is not None and isinstance(x, torch.Tensor):
         if x.dtype == torch.int32 and x.device.type == "cpu" and x.dim() == ndim:

@@ -40,6 +40,7 @@ from ._tensors import (
     device_of,
     empty,
     for_ext,
+    host_i32,
     is_capturing,
     is_torch,
     length,
@@ -158,6 +159,7 @@ class BatchMLAPagedAttentionWrapper:
         self._max_kv_indices = max_kv_indices
         self._max_qo_len = max_qo_len
         self._plan = None  # the native Plan
+        self._args = None  # the Problem tuple (api._problem_args) of the last build
         self._problem = None  # host copies + parameters of the last plan()
         self._planned_pages = None
         self._plan_info = None
@@ -398,17 +400,63 @@ class BatchMLAPagedAttentionWrapper:
         self._use_profiler = bool(use_profiler)
         self._plan_info = self._plan
 
-    def _build(self, num_pages, p):
-        """(Re-)plans problem ``p`` for a pool of ``num_pages`` pages."""
+    def replan_step(self, qo_indptr, kv_indptr, kv_len_arr):
+        """An engine's per-step re-plan (an fp8mla extension; fp8mla's SGLang backend calls it):
+        the last plan()'s arguments with new qo_indptr / kv_indptr [batch + 1] and kv_len_arr
+        [batch] (host int32: CPU torch tensors, numpy, sequences), the page ids read from the
+        constructor's kv_indices buffer. It skips plan()'s FlashInfer argument parsing, which
+        costs more host time than the re-plan itself; the library still checks every value
+        (ValueError naming the argument, index and bound). Needs a graph-mode wrapper with that
+        buffer and a plan() made first; on CUDA it is stream-ordered, as plan() is there."""
+        p = self._problem
+        if not self._use_cuda_graph or p is None or p["borrowed"] is None:
+            raise RuntimeError("replan_step() needs a graph-mode wrapper constructed with a "
+                               "kv_indices buffer and a plan() made first")
+        try:
+            qo = host_i32(qo_indptr, "qo_indptr")
+            kvp = host_i32(kv_indptr, "kv_indptr")
+            kvl = host_i32(kv_len_arr, "kv_len_arr")
+        except ValueError as e:
+            raise renamed(e) from None
+        batch = length(kvl)
+        for name, a in (("qo_indptr", qo), ("kv_indptr", kvp)):
+            if length(a) != batch + 1:
+                raise ValueError(f"{name}: expected len(kv_len_arr) + 1 = {batch + 1} entries, "
+                                 f"got {length(a)}")
+        problem = dict(p, qo=qo, kvp=kvp, kvl=kvl, batch=batch,
+                       total_q=int(qo[batch]) if batch >= 0 else 0,
+                       n_pages=int(kvp[batch]) if batch >= 0 else 0)
+        for buf, src, name in ((self._qo_indptr_buf, qo, "qo_indptr"),
+                               (self._kv_indptr_buf, kvp, "kv_indptr"),
+                               (self._kv_len_arr_buf, kvl, "kv_len_arr")):
+            if buf is not None and length(buf) >= length(src):
+                copy_into(buf, src, name)  # as plan() fills the constructor's buffers
+        pages = self._num_pages if self._num_pages is not None else self._planned_pages
+        last = self._args
+        # The library's Problem tuple (api._problem_args) with the new arrays, when only they
+        # changed: its other entries were converted and checked by the last build (the borrowed
+        # table's DLPack capsule, which is consumed once, is made again).
+        args = (qo, kvp, None, kvl) + last[4:-1] + (for_ext(p["borrowed"]),) if (
+            last is not None and batch > 0 and pages == self._planned_pages) else None
+        try:
+            self._build(pages, problem, args)
+        except ValueError as e:
+            raise renamed(e) from None
+        self._problem = problem
+
+    def _build(self, num_pages, p, args=None):
+        """(Re-)plans problem ``p`` for a pool of ``num_pages`` pages (``args``: its Problem
+        tuple when the caller has it)."""
         if p["batch"] <= 0:
             # An empty batch (SGLang's idle step): nothing to plan or compute.
             self._planned_pages = num_pages
             return
         kind, index = self._device
-        args = _problem_args(p["qo"], p["kvp"], p["kvi"], p["kvl"], p["num_heads"],
-                             p["page_size"], num_pages, p["sm_scale"], p["fmt"], p["causal"], 0,
-                             None, (kind, index), q_dtype=p["q_dtype"], out_dtype=p["out_dtype"],
-                             borrowed_kv_indices=p["borrowed"])
+        if args is None:
+            args = _problem_args(p["qo"], p["kvp"], p["kvi"], p["kvl"], p["num_heads"],
+                                 p["page_size"], num_pages, p["sm_scale"], p["fmt"], p["causal"],
+                                 0, None, (kind, index), q_dtype=p["q_dtype"],
+                                 out_dtype=p["out_dtype"], borrowed_kv_indices=p["borrowed"])
         if self._use_cuda_graph and self._plan is not None:
             stream = self._plan_stream(p)
             if stream is None:
@@ -432,6 +480,7 @@ class BatchMLAPagedAttentionWrapper:
                 exact_scores=self._exact_scores, max_tile_rows=self._max_tile_rows,
                 any_scale_ratio=self._any_scale_ratio))
         self._planned_pages = num_pages
+        self._args = args
 
     def _plan_stream(self, p):
         """The stream a graph-mode re-plan is ordered on (torch's current stream of the plan's

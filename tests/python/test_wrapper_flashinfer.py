@@ -439,3 +439,59 @@ def test_flashinfer_0_6_18_docstring_example():
         got = o[r].double()
         assert torch.linalg.norm(got - want) <= 1e-2 * torch.linalg.norm(want), r
     assert math.isfinite(float(o.float().abs().sum()))
+
+
+# ---- replan_step (fp8mla's per-step re-plan for engines) ----
+
+def test_replan_step_plans_new_lengths_over_the_constructor_buffer(rng):
+    """A graph-mode wrapper planned once, then re-planned each step with new lengths by
+    replan_step() while the page ids are rewritten in the constructor's kv_indices buffer (as
+    fp8mla's SGLang backend does): every step matches the reference of its batch, and the
+    constructor's other buffers are filled as plan() fills them."""
+    num_pages = 40
+    data, pool = ref.make_pool(rng, "fp8_e4m3", num_pages, 4)
+    bufs = dict(qo_indptr=np.zeros(4, np.int32), kv_indptr=np.zeros(4, np.int32),
+                kv_indices=np.zeros(36, np.int32), kv_len_arr=np.zeros(3, np.int32))
+    w = fp8mla.BatchMLAPagedAttentionWrapper(None, use_cuda_graph=True, num_pages=num_pages,
+                                             **bufs)
+    with pytest.raises(RuntimeError, match="replan_step"):
+        w.replan_step([0, 1], [0, 1], [1])
+    for step, lens in enumerate([[37, 5, 60], [3, 44, 1], [12, 12, 40]]):
+        b = ref.Batch(rng, lens, [1, 1, 1], 4, num_pages=num_pages)
+        bufs["kv_indices"][: len(b.kv_indices)] = b.kv_indices
+        if step == 0:
+            plan_flat(w, b, heads=4)
+        else:
+            w.replan_step(np.asarray(b.qo_indptr, np.int32), np.asarray(b.kv_indptr, np.int32),
+                          np.asarray(b.kv_len, np.int32))
+        assert np.array_equal(bufs["kv_len_arr"], b.kv_len)
+        assert np.array_equal(bufs["kv_indptr"], b.kv_indptr)
+        q_bits, q = ref.random_q(rng, b.total_q, 4)
+        out = w.run(q_bits[:, :, :512], q_bits[:, :, 512:], data[:, :, :512], data[:, :, 512:],
+                    **UNIT)
+        ro, _ = reference(b, q, pool)
+        ref.check_attention(out, None, ro, None, f"step {step}")
+
+
+def test_replan_step_checks_its_arrays_and_keeps_the_last_plan(rng):
+    """Bad arrays raise ValueError naming the argument, and the last plan stays usable."""
+    b = ref.Batch(rng, [9, 20], [1, 1], 4)
+    kvi = np.zeros(16, np.int32)
+    kvi[: len(b.kv_indices)] = b.kv_indices
+    w = fp8mla.BatchMLAPagedAttentionWrapper(None, use_cuda_graph=True, kv_indices=kvi,
+                                             num_pages=b.num_pages)
+    plan_flat(w, b)
+    qo, kvp, kvl = (np.asarray(a, np.int32) for a in (b.qo_indptr, b.kv_indptr, b.kv_len))
+    with pytest.raises(ValueError, match="^kv_indptr"):
+        w.replan_step(qo, kvp[:-1], kvl)
+    too_long = kvl.copy()
+    too_long[1] = 4 * (kvp[2] - kvp[1]) + 1  # more tokens than the request's pages hold
+    with pytest.raises(ValueError, match="kv_len"):
+        w.replan_step(qo, kvp, too_long)
+    with pytest.raises(TypeError, match="qo_indptr"):
+        w.replan_step("0, 1", kvp, kvl)
+    data, pool = ref.make_pool(rng, "fp8_e4m3", b.num_pages, 4)
+    q_bits, q = ref.random_q(rng, b.total_q, 4)
+    out = w.run(q_bits[:, :, :512], q_bits[:, :, 512:], data[:, :, :512], data[:, :, 512:], **UNIT)
+    ro, _ = reference(b, q, pool)
+    ref.check_attention(out, None, ro, None, "the plan before the failed replan_step calls")

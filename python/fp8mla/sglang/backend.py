@@ -218,6 +218,11 @@ class Fp8MlaAttnBackend(AttentionBackend):
         kv_indptr, kv_len = table.fill(self.req_to_token_pool.req_to_token, req_pool_indices,
                                        kv_len_cpu)
         qo_indptr = torch.arange(0, (bs + 1) * qo_len, qo_len, dtype=torch.int32)
+        if wrapper.plan_info is not None:
+            # Each step after the first: only the lengths change (the wrapper, its mode and its
+            # page-table buffer are fixed), so skip plan()'s FlashInfer argument parsing.
+            wrapper.replan_step(qo_indptr, kv_indptr, kv_len)
+            return
         wrapper.plan(
             metadata=MLAPlanMetadata.csr(qo_indptr, kv_indptr, table.table, kv_len),
             num_heads=self.num_heads, head_dim_ckv=self.kv_lora_rank,
