@@ -1,28 +1,33 @@
 #!/usr/bin/env python3
-"""One SGLang decode step of an MLA model, two ways, in CUDA graphs (the GPU device's bench):
+"""One SGLang decode step of an MLA model, three ways, in CUDA graphs (the GPU device's bench):
 
   plugin  what ``--attention-backend fp8mla`` runs (fp8mla.sglang): one plan (stream-ordered,
           into a borrowed page table), then every layer's run reading the FP8 pool natively;
   cast    what SGLang 0.5.23's flashinfer_mla backend runs: every layer casts its whole FP8 pool
           to bf16 (get_key_buffer(layer).to(q.dtype)) and runs a bf16 MLA kernel: FlashInfer's
           fa3 BatchMLAPagedAttentionWrapper when flashinfer is importable, else fp8mla's bf16
-          path (--cast-kernel says which ran).
+          path (the row's cast_kernel says which ran);
+  gather  only the batch's listed pages gathered and cast to bf16 each layer, then fp8mla's
+          bf16 kernel: the alternative where the bf16 kernel is the faster one (long extend
+          chunks are compute-bound), timed without its plan.
 
 Each way's layers are captured in one CUDA graph; a step is the host time of its plan plus one
 graph replay (CUDA events, median of --iters). The pools are SGLang's layout ([tokens, 1, 576]
-float8_e4m3fn, page size 1; [pages, 64, 576] at page 64) with --pool-factor x the active tokens,
-cycled over --distinct-pools buffers (each far larger than L2) so no layer reads a cached pool.
-Before timing, both ways' outputs are compared (relative L2 over every layer: the plugin reads
-the same FP8 bytes the cast produces exactly in bf16, so they differ by accumulation only).
+float8_e4m3fn, page size 1; [pages, 64, 576] at page 64) of --pool-factor x the active tokens
+or --pool-tokens, whichever is larger (SGLang's pool is its whole KV memory: 857 MB a layer in
+the GLM-5 story, ~1.5M tokens), cycled over --distinct-pools buffers (each far larger than L2)
+so no layer reads a cached pool. Before timing, the ways' outputs are compared (relative L2
+over every layer: the plugin reads the same FP8 bytes the casts produce exactly in bf16, so
+they differ by accumulation only).
 
 --extend also times extend-with-prefix chunks (query tokens x cached tokens, causal, absorbed
-MLA) for the plugin against the same chunk through the cast-pool bf16 kernel.
+MLA) the three ways.
 
 Usage on the device (the lead's run; torch and fp8mla installed there):
     python bench/sglang_step.py --layers 61 78 --page-size 1 64 --batch 1 16 64 128 \\
-        --ctx 4096 32768 --json bench/results/h100_sglang_step.json
+        --ctx 4096 32768 --extend --pool-tokens 1500000 --json bench/results/h100_sglang_step.json
 On a CPU (the smoke test, tests/python/test_bench_sglang_step.py): --device cpu --no-graph with
-tiny sizes checks the two ways agree and the JSON is written.
+tiny sizes checks the ways agree and the JSON is written.
 """
 
 import argparse
@@ -49,6 +54,9 @@ def parse():
     p.add_argument("--ctx", type=int, nargs="+", default=[4096, 32768])
     p.add_argument("--heads", type=int, default=HEADS_DEFAULT)
     p.add_argument("--pool-factor", type=float, default=1.25)
+    p.add_argument("--pool-tokens", type=int, default=0,
+                   help="pool size in tokens when larger than pool-factor x the active tokens "
+                        "(SGLang's pool is its whole KV memory, which its cast way casts)")
     p.add_argument("--distinct-pools", type=int, default=4)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--device", default="cuda")
@@ -69,7 +77,7 @@ class Case:
         self.qo_len, self.heads = qo_len, a.heads
         pages_per_req = -(-ctx // page_size)
         active = batch * pages_per_req
-        self.num_pages = int(active * a.pool_factor) + 1
+        self.num_pages = max(int(active * a.pool_factor) + 1, -(-a.pool_tokens // page_size))
         gen = torch.Generator(device="cpu").manual_seed(1)
         # The pools are drawn on the device (gigabytes each at 32K tokens x 128 requests).
         dgen = torch.Generator(device=dev).manual_seed(1)
@@ -87,6 +95,7 @@ class Case:
         self.q = (torch.randn(tq, a.heads, 576, generator=gen)).to(dev).to(torch.bfloat16)
         self.out = torch.empty(tq, a.heads, 512, dtype=torch.bfloat16, device=dev)
         self.out_cast = torch.empty_like(self.out)
+        self.out_gather = torch.empty_like(self.out)
 
     def pool(self, layer):
         return self.pools[layer % len(self.pools)]
@@ -157,6 +166,29 @@ def cast_way(case):
     return layers, kernel
 
 
+def gather_way(case):
+    """Casting only the listed pages: per layer the batch's pages gathered from the FP8 pool and
+    cast to bf16 into a contiguous buffer, then fp8mla's bf16 kernel over it (the alternative to
+    reading FP8 natively where the bf16 kernel is the faster one, as for long extend chunks)."""
+    n = case.kv_indices.numel()
+    ids = case.kv_indices.to(case.dev).long()
+    w = fp8mla.BatchMLAPagedAttentionWrapper(
+        torch.empty(1, device=case.dev) if case.dev.type == "cuda" else None, num_pages=max(n, 1))
+    idx = [t.to(case.dev) for t in (case.qo_indptr, case.kv_indptr,
+                                    torch.arange(n, dtype=torch.int32), case.kv_len)]
+    w.plan(*idx, case.heads, 512, 64, case.ps, case.qo_len > 1, SM_SCALE, torch.bfloat16,
+           torch.bfloat16)
+    bf16 = torch.empty(max(n, 1), case.ps, 576, dtype=torch.bfloat16, device=case.dev)
+
+    def layers():
+        qn, qp = case.q[..., :512], case.q[..., 512:]
+        for layer in range(case.layers):
+            bf16[:n].copy_(case.pool(layer).index_select(0, ids))  # the listed pages, cast
+            w.run(qn, qp, bf16[..., :512], bf16[..., 512:], out=case.out_gather)
+
+    return layers
+
+
 def timed(a, case, fn):
     """Median ms of fn over a.iters: a CUDA graph replay (captured once) or eager calls."""
     if case.dev.type != "cuda" or a.no_graph:
@@ -204,26 +236,32 @@ def run_case(a, layers, ps, batch, ctx, qo_len=1, kind="decode"):
     plan, plugin_layers = plugin_way(case)
     plan()
     cast_layers, kernel = cast_way(case)
+    gather_layers = gather_way(case)
     plugin_layers()
     cast_layers()
+    gather_layers()
     if case.dev.type == "cuda":
         torch.cuda.synchronize()
     err = rel_l2(case.out, case.out_cast)
-    if not err < 2e-2:
-        raise SystemExit(f"{kind} layers={layers} ps={ps} bs={batch} ctx={ctx}: the two ways "
-                         f"disagree (relative L2 {err:.2e})")
+    err_gather = rel_l2(case.out_gather, case.out_cast)
+    if not (err < 2e-2 and err_gather < 2e-2):
+        raise SystemExit(f"{kind} layers={layers} ps={ps} bs={batch} ctx={ctx}: the ways "
+                         f"disagree (relative L2 plugin {err:.2e}, gather {err_gather:.2e})")
     plan_us = host_us(plan, max(3, a.iters))
     plugin_ms = timed(a, case, plugin_layers)
     cast_ms = timed(a, case, cast_layers)
+    gather_ms = timed(a, case, gather_layers)
     step_plugin = plugin_ms + plan_us / 1e3
     row = dict(kind=kind, layers=layers, page_size=ps, batch=batch, ctx=ctx, qo_len=qo_len,
                heads=a.heads, plan_host_us=round(plan_us, 1),
                plugin_layers_ms=round(plugin_ms, 3), plugin_step_ms=round(step_plugin, 3),
                cast_step_ms=round(cast_ms, 3), speedup=round(cast_ms / step_plugin, 2),
+               gather_step_ms=round(gather_ms, 3), pool_tokens=case.num_pages * ps,
                cast_kernel=kernel, rel_l2=err, graph=case.dev.type == "cuda" and not a.no_graph)
     print(f"{kind:7s} L={layers:3d} ps={ps:3d} bs={batch:4d} ctx={ctx:6d} q={qo_len:5d}  "
           f"plan {plan_us:7.1f} us  plugin {step_plugin:9.3f} ms  cast({kernel}) "
-          f"{cast_ms:9.3f} ms  {cast_ms / step_plugin:5.2f}x  (rel L2 {err:.1e})", flush=True)
+          f"{cast_ms:9.3f} ms  {cast_ms / step_plugin:5.2f}x  gather {gather_ms:9.3f} ms  "
+          f"(rel L2 {err:.1e})", flush=True)
     return row
 
 

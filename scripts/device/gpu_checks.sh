@@ -113,7 +113,7 @@ for step in $steps; do
       if [ ! -d "$pkg" ] || [ "$(left)" -lt 120 ]; then echo "step skipped"; continue; fi
       section "SGLang decode step: plugin vs cast pool"
       PYTHONPATH=$pkg timeout $(($(left) - 40)) python3 bench/sglang_step.py \
-        ${STEP_ARGS:---layers 61 --page-size 1 64 --batch 1 16 64 128 --ctx 4096 32768 --extend} \
+        ${STEP_ARGS:---layers 61 --page-size 1 64 --batch 1 16 64 128 --ctx 4096 32768 --extend --pool-tokens 1500000} \
         --json "$out/bench_sglang_step.json" > "$out/bench_sglang_step.txt" 2>&1
       echo "rc=$?"; tail -30 "$out/bench_sglang_step.txt" ;;
     peers)
