@@ -11,6 +11,7 @@ fp8mla._tensors.
 """
 
 import functools
+import math
 import re
 import warnings
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from typing import Optional
 
 from . import _fp8mla as _ext
 from ._tensors import host_i32, is_numpy, is_torch, length, numpy_module, torch_module
-from .api import KvFormat, as_format
+from .api import DIM_CKV, DIM_KPE, KvFormat, as_format
 
 # FlashInfer's backend names (0.6.18 and 0.7.4). "auto", "fa2" and "fa3" select fp8mla's own
 # kernels; the others name FlashInfer kernels fp8mla does not have.
@@ -326,6 +327,229 @@ def check_choice(name, value, choices):
     if value not in choices:
         raise ValueError(f"{name}: expected one of {', '.join(map(repr, choices))}, "
                          f"got {value!r}")
+
+
+_legacy_plan_warned = False
+
+
+def metadata_form(metadata, flat_csr_arrays, flat_dense_arrays, required):
+    """Which metadata form plan() was given: False for metadata= (FlashInfer 0.7), True for the
+    flat CSR or dense arrays (deprecated in 0.7: a DeprecationWarning, once a process). Raises
+    TypeError / ValueError for a mix of forms, none, or a required argument (``required``: name
+    -> value) left out."""
+    global _legacy_plan_warned
+    flat_csr = any(v is not None for v in flat_csr_arrays)
+    flat_dense = any(v is not None for v in flat_dense_arrays)
+    if metadata is not None:
+        if not isinstance(metadata, MLAPlanMetadata) and type(metadata).__name__ != \
+                "MLAPlanMetadata":
+            raise TypeError("metadata: expected an MLAPlanMetadata instance")
+        if flat_csr or flat_dense:
+            raise ValueError("metadata: given with flat metadata arguments; only one "
+                             "representation may be supplied")
+        legacy_flat = False
+    else:
+        if flat_csr and flat_dense:
+            raise ValueError("qo_indptr / cum_seq_lens_q: flat CSR and dense metadata forms "
+                             "cannot be mixed")
+        if not flat_csr and not flat_dense:
+            raise TypeError("plan() requires metadata= or flat metadata arguments")
+        legacy_flat = True
+        if not _legacy_plan_warned:
+            _legacy_plan_warned = True
+            deprecated(
+                "Passing flat BatchMLAPagedAttentionWrapper.plan metadata arrays is "
+                "deprecated in FlashInfer 0.7; pass metadata=fp8mla.mla.MLAPlanMetadata."
+                "csr(...) (fp8mla accepts both).")
+    missing = [name for name, value in required.items() if value is None]
+    if missing:
+        raise TypeError("plan() missing required arguments: " + ", ".join(missing))
+    return legacy_flat
+
+
+@dataclass
+class PlanContract:
+    """What plan()'s arguments other than the index arrays decide (plan_contract)."""
+
+    query_layout: str
+    kv_cache_layout: str
+    q_dtype: str
+    fmt: object
+    out_name: str
+    scale_mode: str
+
+
+def plan_contract(device_kind, legacy_flat, *, head_dim_ckv, head_dim_kpe, page_size,
+                  q_data_type, kv_data_type, kv_format, output_dtype, query_layout,
+                  kv_cache_layout, lse_mode, output_scale, scale_mode, skip_softmax, enable_pdl,
+                  use_sinks, use_profiler):
+    """plan()'s checks of its arguments other than the metadata: FlashInfer 0.7's run contract
+    (layouts, LSE mode, output dtype and scale, scale mode), the options fp8mla cannot honour
+    (NotImplementedError naming them), the MLA shape and the data types. Raises as plan()
+    documents; returns the PlanContract they decide."""
+    if query_layout is None:
+        query_layout = "split" if legacy_flat else "packed"
+    if kv_cache_layout is None:
+        kv_cache_layout = "split" if legacy_flat else "packed"
+    check_choice("query_layout", query_layout, LAYOUTS)
+    check_choice("kv_cache_layout", kv_cache_layout, LAYOUTS)
+    check_choice("lse_mode", lse_mode, LSE_MODES)
+    check_choice("output_scale", output_scale, OUTPUT_SCALES)
+    check_choice("scale_mode", scale_mode, SCALE_MODES)
+    if use_profiler:
+        raise unsupported("use_profiler", "FlashInfer's intra-kernel profiler is not "
+                           "supported")
+    if output_scale != "none":
+        raise unsupported("output_scale", "FP8 outputs (o_scale) are not supported")
+    if scale_mode in ("bmm-scalar", "bmm-tensor"):
+        raise unsupported("scale_mode", f"{scale_mode!r} (FlashInfer's trtllm-gen BMM "
+                           "scales) is not supported; FP8 caches take kv-per-tensor scales")
+    if skip_softmax:
+        raise unsupported("skip_softmax", "skip-softmax thresholds are not supported")
+    if use_sinks:
+        raise unsupported("use_sinks", "attention sinks are not supported")
+    if enable_pdl is False:
+        raise unsupported("enable_pdl", "fp8mla's CUDA kernels always launch with "
+                           "programmatic dependent launch (stream order is kept); False "
+                           "cannot be honoured")
+
+    for name, value, low in (("head_dim_ckv", head_dim_ckv, 1), ("head_dim_kpe",
+                                                                 head_dim_kpe, 0)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ValueError(f"{name}: must be an integer >= {low}, got {value!r}")
+    if head_dim_ckv != DIM_CKV:
+        raise unsupported("head_dim_ckv", f"fp8mla computes MLA with a {DIM_CKV}-wide "
+                           f"latent (kv_lora_rank), got {head_dim_ckv}")
+    if head_dim_kpe != DIM_KPE:
+        raise unsupported("head_dim_kpe", f"fp8mla computes MLA with a {DIM_KPE}-wide rope "
+                           f"part (NoPE, 0, is not supported), got {head_dim_kpe}")
+    if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size <= 0:
+        raise ValueError(f"page_size: must be a positive int, got {page_size!r}")
+    q_dtype = q_dtype_of(q_data_type, device_kind)
+    fmt = kv_format_of(kv_data_type, kv_format)
+    out_name = dtype_name(output_dtype) if output_dtype is not None else dtype_name(
+        q_data_type)
+    if out_name != dtype_name(q_data_type):
+        raise ValueError(f"output_dtype: must match q_data_type ({q_data_type}), got "
+                         f"{output_dtype}")
+    fp8 = fmt == KvFormat.fp8_e4m3
+    if fp8 and scale_mode == "default":
+        scale_mode = "kv-per-tensor"  # FP8 callers always give ckv / kpe scales at run time
+    if not fp8 and scale_mode != "default":
+        raise ValueError(f"scale_mode: {scale_mode!r} needs an FP8 (float8_e4m3fn) cache "
+                         f"with per-tensor scales; this plan's cache is "
+                         f"{_ext.format_name(fmt)}")
+    return PlanContract(query_layout, kv_cache_layout, q_dtype, fmt, out_name, scale_mode)
+
+
+# ---- run() arguments ----
+
+def refuse_other_backends(**values):
+    """run()'s parameters only FlashInfer's other backends take: ValueError naming the first one
+    given, as its fa2 / fa3 backends refuse them."""
+    why = {
+        "kv_len": "is only supported with FlashInfer's cutlass backend; fp8mla reads the lengths "
+                  "planned by plan()",
+        "page_table": "is only supported with FlashInfer's cutlass backend; fp8mla reads the "
+                      "pages planned by plan()",
+        "o_scale": "(FP8 outputs) is only supported with FlashInfer's cutlass backend",
+        "sinks": "attention sinks are not supported",
+        "skip_softmax_threshold_scale_factor": "skip-softmax is not supported",
+        "bmm1_scale": "BMM scales are not supported",
+        "bmm2_scale": "BMM scales are not supported",
+        "profiler_buffer": "FlashInfer's profiler is not supported",
+    }
+    for name, value in values.items():
+        if value is not None:
+            raise ValueError(f"{name}: {why[name]}")
+
+
+def structural(value, name, widths, declared):
+    """(nope, rope) of a query= / kv_cache= value under the planned layout: a packed value is
+    split; a split pair declared "packed" must be two adjacent views (FlashInfer takes it
+    zero-copy then, and refuses independent buffers)."""
+    packed, pair = parse_structural(value, name)
+    if packed is not None:
+        return split_last(packed, widths, name)
+    left, right = pair
+    if declared == "packed" and not adjacent_views(left, right):
+        layout = "query_layout" if name == "query" else "kv_cache_layout"
+        raise ValueError(f"{name}: the plan declared {layout}='packed' but run() got two "
+                         f"independent tensors; re-plan with {layout}='split'")
+    return left, right
+
+
+def run_inputs(query, kv_cache, q_nope, q_pe, ckv_cache, kpe_cache, query_layout,
+               kv_cache_layout, *, block_format):
+    """run()'s tensors from the 0.7 structural forms (query= / kv_cache=) or the 0.6 ones:
+    (q_nope, q_pe, ckv_cache, kpe_cache, legacy), legacy when a 0.6 form was used. The block
+    format's kv_cache is its whole 656-byte token (kpe_cache None)."""
+    if query is None:
+        if (q_nope is None) != (q_pe is None):
+            raise ValueError("q_nope / q_pe: both must be provided")
+        if q_nope is None:
+            raise TypeError("run() requires query= or q_nope and q_pe")
+        legacy = True
+    else:
+        if q_nope is not None or q_pe is not None:
+            raise TypeError("query: pass either query= or q_nope / q_pe, not both")
+        q_nope, q_pe = structural(query, "query", (DIM_CKV, DIM_KPE), query_layout)
+        legacy = False
+    if kv_cache is None:
+        if ckv_cache is None:
+            raise TypeError("run() requires kv_cache= or ckv_cache and kpe_cache")
+        if kpe_cache is None and not block_format:
+            raise ValueError("kpe_cache: ckv_cache and kpe_cache must both be provided")
+        legacy = True
+    else:
+        if ckv_cache is not None or kpe_cache is not None:
+            raise TypeError("kv_cache: pass either kv_cache= or ckv_cache / kpe_cache, not both")
+        if block_format:
+            ckv_cache, kpe_cache = kv_cache, None
+        else:
+            ckv_cache, kpe_cache = structural(kv_cache, "kv_cache", (DIM_CKV, DIM_KPE),
+                                              kv_cache_layout)
+    return q_nope, q_pe, ckv_cache, kpe_cache, legacy
+
+
+def scale_value(x, name):
+    """A finite positive scale from a number or a one-element tensor (ValueError naming it)."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: expected a number or a one-element tensor, got "
+                         f"{x!r}") from None
+    if not math.isfinite(v) or v <= 0.0:
+        raise ValueError(f"{name}: must be a finite positive value, got {x}")
+    return v
+
+
+def run_scales(fmt, ckv_scale, ckv_scale_arr, kpe_scale, k_scale):
+    """run()'s (ckv_scale, kpe_scale) as floats: an FP8 cache needs both (as FlashInfer
+    requires; fp8mla's k_scale sets both), other formats take none (1.0)."""
+    if k_scale is not None:
+        ckv_scale = k_scale if ckv_scale is None else ckv_scale
+        kpe_scale = k_scale if kpe_scale is None else kpe_scale
+    if fmt == KvFormat.fp8_e4m3:
+        if (ckv_scale is None) == (ckv_scale_arr is None):
+            raise ValueError("ckv_scale: Exactly one of ckv_scale or ckv_scale_arr is "
+                             "required when kv_data_type is FP8 (SGLang's unscaled pool: "
+                             "ckv_scale=1.0, kpe_scale=1.0)")
+        if ckv_scale_arr is not None:
+            raise unsupported("ckv_scale_arr", "per-token, per-128-channel scales in a "
+                              "separate array are not supported; the fp8_e4m3_block cache "
+                              "format (kv_format='fp8_e4m3_block') keeps such scales in "
+                              "each token")
+        if kpe_scale is None:
+            raise ValueError("kpe_scale: required when kv_data_type is FP8")
+        return scale_value(ckv_scale, "ckv_scale"), scale_value(kpe_scale, "kpe_scale")
+    for name, value in (("ckv_scale", ckv_scale), ("ckv_scale_arr", ckv_scale_arr),
+                        ("kpe_scale", kpe_scale)):
+        if value is not None:
+            raise ValueError(f"{name}: ckv_scale / ckv_scale_arr / kpe_scale are only "
+                             f"valid when kv_data_type is FP8 (float8_e4m3fn); this "
+                             f"plan's cache is {_ext.format_name(fmt)}")
+    return 1.0, 1.0
 
 
 def deprecated(message):

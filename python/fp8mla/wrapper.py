@@ -14,24 +14,18 @@ from . import _fp8mla as _ext
 from . import _registry
 from ._flashinfer_args import (
     FLASHINFER_BACKENDS,
-    LAYOUTS,
-    LSE_MODES,
-    OUTPUT_SCALES,
     OWN_BACKENDS,
-    SCALE_MODES,
-    MLAPlanMetadata,
-    adjacent_views,
     array_dtype,
-    check_choice,
     csr_from_dense,
     csr_from_flat,
     deprecated,
     dtype_name,
-    kv_format_of,
-    parse_structural,
-    q_dtype_of,
+    metadata_form,
+    plan_contract,
+    refuse_other_backends,
     renamed,
-    split_last,
+    run_inputs,
+    run_scales,
     unsupported,
     warn_positional,
 )
@@ -50,7 +44,7 @@ from ._tensors import (
     to_log2_inplace,
     torch_module,
 )
-from .api import DIM_CKV, DIM_KPE, KvFormat, _plan_options, _problem_args, pow2_scale_ratio
+from .api import DIM_CKV, KvFormat, _plan_options, _problem_args, pow2_scale_ratio
 
 
 class BatchMLAPagedAttentionWrapper:
@@ -87,8 +81,6 @@ class BatchMLAPagedAttentionWrapper:
     ``_kv_len_arr_buf`` and, after plan(), ``_sm_scale``, ``_causal``, ``_page_size``,
     ``_head_dim_ckv``, ``_q_data_type``, ``_kv_data_type``, ``_use_profiler``, ``_plan_info``.
     """
-
-    _legacy_plan_warned = False
 
     def __init__(
         self,
@@ -235,92 +227,23 @@ class BatchMLAPagedAttentionWrapper:
         host (a sync, as FlashInfer's plan), except kv_indices. Bad input raises ValueError
         naming the argument, the index and the bound.
         """
-        # Metadata forms.
+        legacy_flat = metadata_form(
+            metadata, (qo_indptr, kv_indptr, kv_indices, kv_len_arr),
+            (cum_seq_lens_q, block_tables, seq_lens, max_q_len),
+            dict(num_heads=num_heads, head_dim_ckv=head_dim_ckv, head_dim_kpe=head_dim_kpe,
+                 page_size=page_size, causal=causal, sm_scale=sm_scale,
+                 q_data_type=q_data_type, kv_data_type=kv_data_type))
         flat_csr = any(v is not None for v in (qo_indptr, kv_indptr, kv_indices, kv_len_arr))
-        flat_dense = any(v is not None for v in (cum_seq_lens_q, block_tables, seq_lens,
-                                                 max_q_len))
-        if metadata is not None:
-            if not isinstance(metadata, MLAPlanMetadata) and type(metadata).__name__ != \
-                    "MLAPlanMetadata":
-                raise TypeError("metadata: expected an MLAPlanMetadata instance")
-            if flat_csr or flat_dense:
-                raise ValueError("metadata: given with flat metadata arguments; only one "
-                                 "representation may be supplied")
-            legacy_flat = False
-        else:
-            if flat_csr and flat_dense:
-                raise ValueError("qo_indptr / cum_seq_lens_q: flat CSR and dense metadata forms "
-                                 "cannot be mixed")
-            if not flat_csr and not flat_dense:
-                raise TypeError("plan() requires metadata= or flat metadata arguments")
-            legacy_flat = True
-            if not BatchMLAPagedAttentionWrapper._legacy_plan_warned:
-                BatchMLAPagedAttentionWrapper._legacy_plan_warned = True
-                deprecated(
-                    "Passing flat BatchMLAPagedAttentionWrapper.plan metadata arrays is "
-                    "deprecated in FlashInfer 0.7; pass metadata=fp8mla.mla.MLAPlanMetadata."
-                    "csr(...) (fp8mla accepts both).")
-        required = {"num_heads": num_heads, "head_dim_ckv": head_dim_ckv,
-                    "head_dim_kpe": head_dim_kpe, "page_size": page_size, "causal": causal,
-                    "sm_scale": sm_scale, "q_data_type": q_data_type,
-                    "kv_data_type": kv_data_type}
-        missing = [name for name, value in required.items() if value is None]
-        if missing:
-            raise TypeError("plan() missing required arguments: " + ", ".join(missing))
-
         # The run contract (FlashInfer 0.7) and the options fp8mla cannot honour.
-        if query_layout is None:
-            query_layout = "split" if legacy_flat else "packed"
-        if kv_cache_layout is None:
-            kv_cache_layout = "split" if legacy_flat else "packed"
-        check_choice("query_layout", query_layout, LAYOUTS)
-        check_choice("kv_cache_layout", kv_cache_layout, LAYOUTS)
-        check_choice("lse_mode", lse_mode, LSE_MODES)
-        check_choice("output_scale", output_scale, OUTPUT_SCALES)
-        check_choice("scale_mode", scale_mode, SCALE_MODES)
-        if use_profiler:
-            raise unsupported("use_profiler", "FlashInfer's intra-kernel profiler is not "
-                               "supported")
-        if output_scale != "none":
-            raise unsupported("output_scale", "FP8 outputs (o_scale) are not supported")
-        if scale_mode in ("bmm-scalar", "bmm-tensor"):
-            raise unsupported("scale_mode", f"{scale_mode!r} (FlashInfer's trtllm-gen BMM "
-                               "scales) is not supported; FP8 caches take kv-per-tensor scales")
-        if skip_softmax:
-            raise unsupported("skip_softmax", "skip-softmax thresholds are not supported")
-        if use_sinks:
-            raise unsupported("use_sinks", "attention sinks are not supported")
-        if enable_pdl is False:
-            raise unsupported("enable_pdl", "fp8mla's CUDA kernels always launch with "
-                               "programmatic dependent launch (stream order is kept); False "
-                               "cannot be honoured")
-
-        for name, value, low in (("head_dim_ckv", head_dim_ckv, 1), ("head_dim_kpe",
-                                                                     head_dim_kpe, 0)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"{name}: must be an integer >= {low}, got {value!r}")
-        if head_dim_ckv != DIM_CKV:
-            raise unsupported("head_dim_ckv", f"fp8mla computes MLA with a {DIM_CKV}-wide "
-                               f"latent (kv_lora_rank), got {head_dim_ckv}")
-        if head_dim_kpe != DIM_KPE:
-            raise unsupported("head_dim_kpe", f"fp8mla computes MLA with a {DIM_KPE}-wide rope "
-                               f"part (NoPE, 0, is not supported), got {head_dim_kpe}")
-        if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size <= 0:
-            raise ValueError(f"page_size: must be a positive int, got {page_size!r}")
-        q_dtype = q_dtype_of(q_data_type, self._device[0])
-        fmt = kv_format_of(kv_data_type, kv_format)
-        out_name = dtype_name(output_dtype) if output_dtype is not None else dtype_name(
-            q_data_type)
-        if out_name != dtype_name(q_data_type):
-            raise ValueError(f"output_dtype: must match q_data_type ({q_data_type}), got "
-                             f"{output_dtype}")
-        fp8 = fmt == KvFormat.fp8_e4m3
-        if fp8 and scale_mode == "default":
-            scale_mode = "kv-per-tensor"  # FP8 callers always give ckv / kpe scales at run time
-        if not fp8 and scale_mode != "default":
-            raise ValueError(f"scale_mode: {scale_mode!r} needs an FP8 (float8_e4m3fn) cache "
-                             f"with per-tensor scales; this plan's cache is "
-                             f"{_ext.format_name(fmt)}")
+        c = plan_contract(
+            self._device[0], legacy_flat, head_dim_ckv=head_dim_ckv, head_dim_kpe=head_dim_kpe,
+            page_size=page_size, q_data_type=q_data_type, kv_data_type=kv_data_type,
+            kv_format=kv_format, output_dtype=output_dtype, query_layout=query_layout,
+            kv_cache_layout=kv_cache_layout, lse_mode=lse_mode, output_scale=output_scale,
+            scale_mode=scale_mode, skip_softmax=skip_softmax, enable_pdl=enable_pdl,
+            use_sinks=use_sinks, use_profiler=use_profiler)
+        query_layout, kv_cache_layout = c.query_layout, c.kv_cache_layout
+        q_dtype, fmt, out_name, scale_mode = c.q_dtype, c.fmt, c.out_name, c.scale_mode
 
         # Index arrays.
         try:
@@ -544,55 +467,18 @@ class BatchMLAPagedAttentionWrapper:
         """
         if self._problem is None:
             raise RuntimeError("BatchMLAPagedAttentionWrapper.run() called before plan()")
-        # What only FlashInfer's other backends take: refused, as its fa2 / fa3 refuse them.
-        for name, value, why in (
-            ("kv_len", kv_len, "is only supported with FlashInfer's cutlass backend; fp8mla "
-             "reads the lengths planned by plan()"),
-            ("page_table", page_table, "is only supported with FlashInfer's cutlass backend; "
-             "fp8mla reads the pages planned by plan()"),
-            ("o_scale", o_scale, "(FP8 outputs) is only supported with FlashInfer's cutlass "
-             "backend"),
-            ("sinks", sinks, "attention sinks are not supported"),
-            ("skip_softmax_threshold_scale_factor", skip_softmax_threshold_scale_factor,
-             "skip-softmax is not supported"),
-            ("bmm1_scale", bmm1_scale, "BMM scales are not supported"),
-            ("bmm2_scale", bmm2_scale, "BMM scales are not supported"),
-            ("profiler_buffer", profiler_buffer, "FlashInfer's profiler is not supported"),
-        ):
-            if value is not None:
-                raise ValueError(f"{name}: {why}")
+        refuse_other_backends(
+            kv_len=kv_len, page_table=page_table, o_scale=o_scale, sinks=sinks,
+            skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor,
+            bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale, profiler_buffer=profiler_buffer)
         p = self._problem
         fmt = p["fmt"]
         contract = self._contract
 
         # Inputs: the 0.7 structural forms or the 0.6 tensors.
-        if query is None:
-            if (q_nope is None) != (q_pe is None):
-                raise ValueError("q_nope / q_pe: both must be provided")
-            if q_nope is None:
-                raise TypeError("run() requires query= or q_nope and q_pe")
-            legacy = True
-        else:
-            if q_nope is not None or q_pe is not None:
-                raise TypeError("query: pass either query= or q_nope / q_pe, not both")
-            q_nope, q_pe = self._structural(query, "query", (DIM_CKV, DIM_KPE),
-                                            contract["query_layout"])
-            legacy = False
-        if kv_cache is None:
-            if ckv_cache is None:
-                raise TypeError("run() requires kv_cache= or ckv_cache and kpe_cache")
-            if kpe_cache is None and fmt != KvFormat.fp8_e4m3_block:
-                raise ValueError("kpe_cache: ckv_cache and kpe_cache must both be provided")
-            legacy = True
-        else:
-            if ckv_cache is not None or kpe_cache is not None:
-                raise TypeError("kv_cache: pass either kv_cache= or ckv_cache / kpe_cache, "
-                                "not both")
-            if fmt == KvFormat.fp8_e4m3_block:
-                ckv_cache, kpe_cache = kv_cache, None
-            else:
-                ckv_cache, kpe_cache = self._structural(kv_cache, "kv_cache", (DIM_CKV, DIM_KPE),
-                                                        contract["kv_cache_layout"])
+        q_nope, q_pe, ckv_cache, kpe_cache, legacy = run_inputs(
+            query, kv_cache, q_nope, q_pe, ckv_cache, kpe_cache, contract["query_layout"],
+            contract["kv_cache_layout"], block_format=fmt == KvFormat.fp8_e4m3_block)
         if legacy and not self._warned_legacy_tensors:
             self._warned_legacy_tensors = True
             deprecated("q_nope / q_pe and ckv_cache / kpe_cache are deprecated in FlashInfer 0.7; "
@@ -613,32 +499,9 @@ class BatchMLAPagedAttentionWrapper:
                             "temporarily; pass lse_mode= to plan().")
 
         # Scales: FP8 caches need both (as FlashInfer requires), other formats none.
-        if k_scale is not None:
-            ckv_scale = k_scale if ckv_scale is None else ckv_scale
-            kpe_scale = k_scale if kpe_scale is None else kpe_scale
+        cs, ks = run_scales(fmt, ckv_scale, ckv_scale_arr, kpe_scale, k_scale)
         if fmt == KvFormat.fp8_e4m3:
-            if (ckv_scale is None) == (ckv_scale_arr is None):
-                raise ValueError("ckv_scale: Exactly one of ckv_scale or ckv_scale_arr is "
-                                 "required when kv_data_type is FP8 (SGLang's unscaled pool: "
-                                 "ckv_scale=1.0, kpe_scale=1.0)")
-            if ckv_scale_arr is not None:
-                raise unsupported("ckv_scale_arr", "per-token, per-128-channel scales in a "
-                                   "separate array are not supported; the fp8_e4m3_block cache "
-                                   "format (kv_format='fp8_e4m3_block') keeps such scales in "
-                                   "each token")
-            if kpe_scale is None:
-                raise ValueError("kpe_scale: required when kv_data_type is FP8")
-            cs = self._scale(ckv_scale, "ckv_scale")
-            ks = self._scale(kpe_scale, "kpe_scale")
             self._take_scale_ratio(cs, ks, q_nope)
-        else:
-            for name, value in (("ckv_scale", ckv_scale), ("ckv_scale_arr", ckv_scale_arr),
-                                ("kpe_scale", kpe_scale)):
-                if value is not None:
-                    raise ValueError(f"{name}: ckv_scale / ckv_scale_arr / kpe_scale are only "
-                                     f"valid when kv_data_type is FP8 (float8_e4m3fn); this "
-                                     f"plan's cache is {_ext.format_name(fmt)}")
-            cs = ks = 1.0
 
         self._check_inputs(q_nope, q_pe, ckv_cache, kpe_cache, out, lse)
         ckv_cache = squeeze_head_dim(ckv_cache)
@@ -678,32 +541,6 @@ class BatchMLAPagedAttentionWrapper:
                 f"any_scale_ratio=True to take any ratio")
         self._any_scale_ratio = True
         self._planned_pages = None  # _run_native re-plans for the cache it is given
-
-    @staticmethod
-    def _scale(x, name):
-        try:
-            v = float(x)
-        except (TypeError, ValueError):
-            raise ValueError(f"{name}: expected a number or a one-element tensor, got "
-                             f"{x!r}") from None
-        if not math.isfinite(v) or v <= 0.0:
-            raise ValueError(f"{name}: must be a finite positive value, got {x}")
-        return v
-
-    @staticmethod
-    def _structural(value, name, widths, declared):
-        """(nope, rope) of a query= / kv_cache= value under the planned layout: a packed value
-        is split; a split pair declared "packed" must be two adjacent views (FlashInfer takes it
-        zero-copy then, and refuses independent buffers)."""
-        packed, pair = parse_structural(value, name)
-        if packed is not None:
-            return split_last(packed, widths, name)
-        left, right = pair
-        if declared == "packed" and not adjacent_views(left, right):
-            layout = "query_layout" if name == "query" else "kv_cache_layout"
-            raise ValueError(f"{name}: the plan declared {layout}='packed' but run() got two "
-                             f"independent tensors; re-plan with {layout}='split'")
-        return left, right
 
     def _check_inputs(self, q_nope, q_pe, ckv_cache, kpe_cache, out, lse):
         """dtype checks naming the Python arguments and the planned FlashInfer dtypes."""
