@@ -21,6 +21,7 @@
 #include "fp8mla/error.h"
 #include "fp8mla/limits.h"
 #include "tests/common/expect_error.h"
+#include "tests/common/small_problem.h"
 
 namespace fp8mla {
 namespace {
@@ -145,26 +146,16 @@ TEST(HostileTensorView, DescribeReadsAtMostFourDimensions) {
 }
 
 // Host tensors of a 2-request plan (fp8_e4m3, 16 pages of 4, 3 query tokens x 8 heads).
-struct RunInput {
-  I32 qo_indptr{0, 1, 3};
-  I32 kv_indptr{0, 2, 5};
-  I32 kv_indices{0, 1, 2, 3, 4};
-  I32 kv_len{5, 9};
+// SmallProblem with its run's buffers: q, out, lse and an fp8_e4m3 pool (zeros), as RunArgs.
+struct RunInput : test::SmallProblem {
   std::vector<std::uint16_t> q_nope = std::vector<std::uint16_t>(3 * 8 * 512);
   std::vector<std::uint16_t> q_pe = std::vector<std::uint16_t>(3 * 8 * 64);
   std::vector<std::uint16_t> out = std::vector<std::uint16_t>(3 * 8 * 512);
   std::vector<float> lse = std::vector<float>(3 * 8);
   std::vector<std::uint8_t> cache = std::vector<std::uint8_t>(16 * 4 * 576);
-  Problem p;
-  PlanOptions o;
   RunArgs a;
 
   RunInput() {
-    p.num_heads = 8;
-    p.page_size = 4;
-    p.num_pages = 16;
-    p.sm_scale = 0.0625f;
-    o.sm_count = 4;
     a.q_nope = make_view(q_nope.data(), DType::bf16, {3, 8, 512});
     a.q_pe = make_view(q_pe.data(), DType::bf16, {3, 8, 64});
     a.out = make_view(out.data(), DType::bf16, {3, 8, 512});
@@ -173,13 +164,7 @@ struct RunInput {
     a.kv.ckv = make_strided_view(cache.data(), DType::fp8_e4m3, {16, 4, 512}, {4 * 576, 576, 1});
     a.kv.kpe = make_strided_view(cache.data() + 512, DType::u8, {16, 4, 64}, {4 * 576, 576, 1});
   }
-  Plan make() {
-    p.qo_indptr = qo_indptr;
-    p.kv_indptr = kv_indptr;
-    p.kv_indices = kv_indices;
-    p.kv_len = kv_len;
-    return plan(p, o);
-  }
+  Plan make() { return plan(problem(), o); }
   void run_it() { run(make(), a); }
 };
 
@@ -336,8 +321,7 @@ TEST(HostileBounds, GraphCapacities) {
   sparse.p.num_heads = 1;
   sparse.o.max_total_q = 1 << 20;
   sparse.p.topk = 1 << 12;
-  I32 indices(3 << 12, -1);
-  sparse.p.sparse_indices = indices;
+  sparse.sparse_indices.assign(3 << 12, -1);
   expect_error([&] { (void)sparse.make(); }, {"x topk", "2147483647"});
 }
 

@@ -13,6 +13,7 @@
 #include "fp8mla/error.h"
 #include "src/core/check.h"
 #include "tests/common/expect_error.h"
+#include "tests/common/small_problem.h"
 
 namespace fp8mla {
 namespace {
@@ -21,30 +22,7 @@ using I32 = std::vector<std::int32_t>;
 using test::expect_error;
 
 // A valid dense problem: 2 requests, 8 heads, page size 4, 16 pages; request 1 has 2 tokens.
-struct Input {
-  I32 qo_indptr{0, 1, 3};
-  I32 kv_indptr{0, 2, 5};
-  I32 kv_indices{0, 1, 2, 3, 4};
-  I32 kv_len{5, 9};
-  I32 sparse_indices;
-  Problem p;
-  PlanOptions o;
-
-  Input() {
-    p.num_heads = 8;
-    p.page_size = 4;
-    p.num_pages = 16;
-    p.sm_scale = 0.0625f;
-    o.sm_count = 4;
-  }
-  Problem problem() {
-    p.qo_indptr = qo_indptr;
-    p.kv_indptr = kv_indptr;
-    p.kv_indices = kv_indices;
-    p.kv_len = kv_len;
-    p.sparse_indices = sparse_indices;
-    return p;
-  }
+struct Input : test::SmallProblem {
   void make() { (void)plan(problem(), o); }
   // Sparse: topk 4 slots per token (3 tokens).
   void make_sparse() {
