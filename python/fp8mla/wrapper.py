@@ -70,9 +70,9 @@ class BatchMLAPagedAttentionWrapper:
         to the first run()), ``num_threads`` (CPU threads, 0 = all cores), ``exact_scores`` (CUDA
         fp8_e4m3: keep the scores off the fp8 tensor cores; README "Numerics"),
         ``any_scale_ratio`` (CUDA fp8_e4m3: plan kernels that take any kpe_scale / ckv_scale;
-        without it an eager wrapper re-plans so at the first run() whose ratio is not a power of
-        two, as FlashInfer takes any ratio, and a graph-mode one raises ValueError naming
-        kpe_scale, since its captured kernels are fixed at plan()),
+        without it, an eager wrapper re-plans with it at the first run() whose ratio is not a
+        power of two, as FlashInfer takes any ratio, and a graph-mode one raises ValueError
+        naming kpe_scale, since its captured kernels are fixed at plan()),
         ``max_tile_rows`` (0..64, fp8mla::PlanOptions::max_tile_rows), ``max_batch``,
         ``max_total_q``, ``max_kv_indices``, ``max_qo_len`` (graph capacities).
 
@@ -303,6 +303,7 @@ class BatchMLAPagedAttentionWrapper:
                 pages = max(int(borrowed[:n_pages].max()) + 1, 1)
             else:
                 pages = 1
+        self._args = None  # replan_step() reuses only a build of this plan()'s arguments
         try:
             self._build(pages, problem)
         except ValueError as e:
@@ -349,11 +350,6 @@ class BatchMLAPagedAttentionWrapper:
         problem = dict(p, qo=qo, kvp=kvp, kvl=kvl, batch=batch,
                        total_q=int(qo[batch]) if batch >= 0 else 0,
                        n_pages=int(kvp[batch]) if batch >= 0 else 0)
-        for buf, src, name in ((self._qo_indptr_buf, qo, "qo_indptr"),
-                               (self._kv_indptr_buf, kvp, "kv_indptr"),
-                               (self._kv_len_arr_buf, kvl, "kv_len_arr")):
-            if buf is not None and length(buf) >= length(src):
-                copy_into(buf, src, name)  # as plan() fills the constructor's buffers
         pages = self._num_pages if self._num_pages is not None else self._planned_pages
         last = self._args
         # The library's Problem tuple (api._problem_args) with the new arrays, when only they
@@ -366,6 +362,11 @@ class BatchMLAPagedAttentionWrapper:
         except ValueError as e:
             raise renamed(e) from None
         self._problem = problem
+        for buf, src, name in ((self._qo_indptr_buf, qo, "qo_indptr"),
+                               (self._kv_indptr_buf, kvp, "kv_indptr"),
+                               (self._kv_len_arr_buf, kvl, "kv_len_arr")):
+            if buf is not None and length(buf) >= length(src):
+                copy_into(buf, src, name)  # as plan() fills the constructor's buffers
 
     def _build(self, num_pages, p, args=None):
         """(Re-)plans problem ``p`` for a pool of ``num_pages`` pages (``args``: its Problem

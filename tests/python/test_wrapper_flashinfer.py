@@ -495,3 +495,25 @@ def test_replan_step_checks_its_arrays_and_keeps_the_last_plan(rng):
     out = w.run(q_bits[:, :, :512], q_bits[:, :, 512:], data[:, :, :512], data[:, :, 512:], **UNIT)
     ro, _ = reference(b, q, pool)
     ref.check_attention(out, None, ro, None, "the plan before the failed replan_step calls")
+
+
+def test_replan_step_takes_the_last_plan_arguments_after_an_empty_batch(rng):
+    """plan() with new arguments (sm_scale) but an empty batch builds nothing; the next
+    replan_step() must plan with those arguments, not with the last build's."""
+    num_pages = 30
+    data, pool = ref.make_pool(rng, "fp8_e4m3", num_pages, 4)
+    kvi = np.zeros(32, np.int32)
+    w = fp8mla.BatchMLAPagedAttentionWrapper(None, use_cuda_graph=True, kv_indices=kvi,
+                                             num_pages=num_pages, max_batch=3)
+    b = ref.Batch(rng, [20, 7], [1, 1], 4, num_pages=num_pages)
+    kvi[: len(b.kv_indices)] = b.kv_indices
+    plan_flat(w, b, sm_scale=0.1)
+    empty = np.zeros(1, np.int32)
+    w.plan(empty, empty, kvi, np.zeros(0, np.int32), 4, 512, 64, 4, False, 0.3, "bfloat16",
+           "float8_e4m3fn")
+    w.replan_step(np.asarray(b.qo_indptr, np.int32), np.asarray(b.kv_indptr, np.int32),
+                  np.asarray(b.kv_len, np.int32))
+    q_bits, q = ref.random_q(rng, b.total_q, 4)
+    out = w.run(q_bits[:, :, :512], q_bits[:, :, 512:], data[:, :, :512], data[:, :, 512:], **UNIT)
+    ro, _ = reference(b, q, pool, sm_scale=0.3)
+    ref.check_attention(out, None, ro, None, "sm_scale of the last plan()")
