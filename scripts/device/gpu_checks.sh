@@ -13,14 +13,13 @@
 #   python              the GPU pytest (tests/python/test_gpu*.py, test_context_parallel.py, the
 #                       SGLang plugin's) on the binary wheel in dist/ (carry dist), else on the
 #                       carried package tree (.device_carry/fp8mla_py)
-#   port                FlashInfer's own MLA wrapper tests (tests/python/test_flashinfer_deepseek_mla.py)
+#   port                FlashInfer's own MLA wrapper tests, ported (test_flashinfer_deepseek_mla.py),
 #                       on the GPU (FP8MLA_PORT_DEVICE=cuda), on the same package as python
-#   step                bench/sglang_step.py: one SGLang decode step (plan + every layer) through the
-#                       plugin against SGLang's cast-pool step, in CUDA graphs, and extend chunks
-#                       (STEP_ARGS replaces its default grid)
+#   step                bench/sglang_step.py: one SGLang decode step (plan + every layer) the
+#                       plugin's way, SGLang's cast-pool way and the gathered cast, in CUDA graphs,
+#                       and extend chunks (STEP_ARGS replaces its default grid)
 #   peers               the peer benchmark (bench/peers) when FlashInfer's carry came along
-#   traces              CUDA traces of the three strategies for `fp8mla audit`'s fixtures (the
-#                       gather trace is the one tests/audit/traces/cuda still lacks)
+#   traces              CUDA traces of the three strategies, as tests/audit/traces/cuda holds them
 #   sanitize_portable   memcheck and racecheck of the portable kernels on a small grid
 #
 # Run from the repo root on the device with the binaries carried in .device_carry/bin
