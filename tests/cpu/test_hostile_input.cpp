@@ -31,27 +31,19 @@ using test::expect_error;
 
 // ---- shard_context(): it reads the index arrays before any plan() sees them ----
 
-// One dense request of `len` tokens on pages of 4 (pool of 16 pages) unless changed.
-struct Full {
-  I32 qo_indptr{0, 1};
-  I32 kv_indptr{0, 1};
-  I32 kv_indices{0};
-  I32 kv_len{1};
-  Problem p;
+// SmallProblem cut to one dense request of one token over one cached token (pages of 4, a pool
+// of 16), not causal, unless a test changes it.
+struct Full : test::SmallProblem {
   Full() {
-    p.num_heads = 8;
-    p.page_size = 4;
-    p.num_pages = 16;
-    p.sm_scale = 0.0625f;
+    qo_indptr = {0, 1};
+    kv_indptr = {0, 1};
+    kv_indices = {0};
+    kv_len = {1};
     p.causal = false;
   }
   void shard(int rank = 0, int world = 2) {
-    p.qo_indptr = qo_indptr;
-    p.kv_indptr = kv_indptr;
-    p.kv_indices = kv_indices;
-    p.kv_len = kv_len;
     ContextShard s;
-    shard_context(p, rank, world, s);
+    shard_context(problem(), rank, world, s);
   }
 };
 
@@ -116,11 +108,7 @@ TEST(HostileShardContext, OtherRanksPageIdsAreTheirs) {
   f.kv_indices = {3, -1};  // page 1 is rank 1's
   f.kv_len = {8};
   ContextShard s;
-  f.p.qo_indptr = f.qo_indptr;
-  f.p.kv_indptr = f.kv_indptr;
-  f.p.kv_indices = f.kv_indices;
-  f.p.kv_len = f.kv_len;
-  shard_context(f.p, 0, 2, s);
+  shard_context(f.problem(), 0, 2, s);
   EXPECT_EQ(s.kv_indices, I32{3});
   EXPECT_NO_THROW((void)plan(s.problem));
   shard_context(f.p, 1, 2, s);
