@@ -141,18 +141,17 @@ double rel_l2_bf16(std::span<const std::uint16_t> got, std::span<const std::uint
 
 KvCacheView cache_view(std::uint8_t* base, KvFormat f, std::int64_t pages, int ps, int device_id,
                        DeviceKind kind) {
-  const DeviceKind cuda = kind;
   KvCacheView v;
   v.format = f;
   const std::int64_t tb = token_bytes(f);
   if (f == KvFormat::fp8_e4m3_block) {
-    v.ckv = make_strided_view(base, DType::u8, {pages, ps, tb}, {ps * tb, tb, 1}, cuda, device_id);
+    v.ckv = make_strided_view(base, DType::u8, {pages, ps, tb}, {ps * tb, tb, 1}, kind, device_id);
     return v;
   }
   const DType dt = f == KvFormat::bf16 ? DType::bf16 : DType::fp8_e4m3;
   const std::int64_t e = f == KvFormat::bf16 ? 2 : 1, t = tb / e;
-  v.ckv = make_strided_view(base, dt, {pages, ps, 512}, {ps * t, t, 1}, cuda, device_id);
-  v.kpe = make_strided_view(base + 512 * e, dt, {pages, ps, 64}, {ps * t, t, 1}, cuda, device_id);
+  v.ckv = make_strided_view(base, dt, {pages, ps, 512}, {ps * t, t, 1}, kind, device_id);
+  v.kpe = make_strided_view(base + 512 * e, dt, {pages, ps, 64}, {ps * t, t, 1}, kind, device_id);
   return v;
 }
 
