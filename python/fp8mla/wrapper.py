@@ -273,11 +273,7 @@ class BatchMLAPagedAttentionWrapper:
         else:
             kvi = page_table(csr.kv_indices[:n_pages], self._device)  # on the GPU: stays there
         if self._use_cuda_graph:
-            for buf, src, name in ((self._qo_indptr_buf, csr.qo_indptr, "qo_indptr"),
-                                   (self._kv_indptr_buf, csr.kv_indptr, "kv_indptr"),
-                                   (self._kv_len_arr_buf, csr.kv_len, "kv_len_arr")):
-                if buf is not None and length(buf) >= length(src):
-                    copy_into(buf, src, name)
+            self._fill_graph_buffers(csr.qo_indptr, csr.kv_indptr, csr.kv_len)
         else:
             self._qo_indptr_buf, self._kv_indptr_buf = csr.qo_indptr, csr.kv_indptr
             self._kv_indices_buf, self._kv_len_arr_buf = csr.kv_indices, csr.kv_len
@@ -347,9 +343,8 @@ class BatchMLAPagedAttentionWrapper:
             if length(a) != batch + 1:
                 raise ValueError(f"{name}: expected len(kv_len_arr) + 1 = {batch + 1} entries, "
                                  f"got {length(a)}")
-        problem = dict(p, qo=qo, kvp=kvp, kvl=kvl, batch=batch,
-                       total_q=int(qo[batch]) if batch >= 0 else 0,
-                       n_pages=int(kvp[batch]) if batch >= 0 else 0)
+        problem = dict(p, qo=qo, kvp=kvp, kvl=kvl, batch=batch, total_q=int(qo[batch]),
+                       n_pages=int(kvp[batch]))
         pages = self._num_pages if self._num_pages is not None else self._planned_pages
         last = self._args
         # The library's Problem tuple (api._problem_args) with the new arrays, when only they
@@ -362,11 +357,16 @@ class BatchMLAPagedAttentionWrapper:
         except ValueError as e:
             raise renamed(e) from None
         self._problem = problem
+        self._fill_graph_buffers(qo, kvp, kvl)
+
+    def _fill_graph_buffers(self, qo, kvp, kvl):
+        """Graph mode: the plan's index arrays into the constructor's buffers that hold them,
+        as FlashInfer's plan fills them."""
         for buf, src, name in ((self._qo_indptr_buf, qo, "qo_indptr"),
                                (self._kv_indptr_buf, kvp, "kv_indptr"),
                                (self._kv_len_arr_buf, kvl, "kv_len_arr")):
             if buf is not None and length(buf) >= length(src):
-                copy_into(buf, src, name)  # as plan() fills the constructor's buffers
+                copy_into(buf, src, name)
 
     def _build(self, num_pages, p, args=None):
         """(Re-)plans problem ``p`` for a pool of ``num_pages`` pages (``args``: its Problem
