@@ -126,6 +126,7 @@ class BatchMLAPagedAttentionWrapper:
         self._num_threads = int(num_threads)
         self._exact_scores = bool(exact_scores)
         self._any_scale_ratio = bool(any_scale_ratio)
+        self._pow2_scales = None  # (ckv, kpe, sm_scale) of the last run() with a power-of-two ratio
         self._max_tile_rows = int(max_tile_rows)
         self._use_cuda_graph = bool(use_cuda_graph)
         self._qo_indptr_buf = qo_indptr
@@ -533,7 +534,11 @@ class BatchMLAPagedAttentionWrapper:
         any_scale_ratio (kept for later plans); a graph-mode plan cannot change its kernels."""
         if self._device[0] != "cuda" or self._any_scale_ratio:
             return
-        if pow2_scale_ratio(self._problem["sm_scale"], cs, ks):
+        key = (cs, ks, self._problem["sm_scale"])
+        if key == self._pow2_scales:
+            return  # the last run()'s scales, already checked (run() is a hot path)
+        if pow2_scale_ratio(key[2], cs, ks):
+            self._pow2_scales = key
             return
         if self._use_cuda_graph or is_capturing(q):
             raise ValueError(
