@@ -4,7 +4,8 @@
 # back at most 8 files).
 #
 # Steps (default: all, in this order):
-#   tests               the GPU suite as the dispatch table chooses
+#   tests               the GPU suite as the dispatch table chooses, then the block format's tests
+#                       on shared_tile (served when forced)
 #   memcheck            compute-sanitizer memcheck over the bad-input, sparse and large-pool tests
 #   portable            the suite with the portable family forced (FP8MLA_KERNEL_FAMILY), with its
 #                       fp8 products forced, and with one cp.async stage as on 99-KB GPUs
@@ -38,11 +39,11 @@ section() { echo "== $* ($(left) s left)"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 small='Grid/CudaDecodeGrid.MatchesReference/*_0:Grid/CudaDecodeGrid.MatchesReference/*_1:Grid/CudaDecodeGrid.MatchesReference/*_9:Grid/CudaDecodeGrid.MatchesReference/*_10:Grid/CudaDecodeGrid.MatchesReference/*_19:Grid/CudaDecodeGrid.MatchesReference/*_23:Grid/CudaDecodeGrid.MatchesReference/*_24:Grid/CudaDecodeGrid.MatchesReference/*_25:Grid/CudaDecodeGrid.MatchesReference/*_26:CudaDecodeSparse*:CudaDecodeSplit.LongContext*'
 
-suite() {  # suite NAME [ENV...]: the GPU tests under an environment
+suite() {  # suite NAME [ENV...]: the GPU tests (FILTER, default *Cuda*) under an environment
   local name=$1
   shift
   section "tests: $name"
-  env "$@" timeout 150 "$t" --gtest_filter='*Cuda*' --gtest_brief=1 > "$out/tests_$name.txt" 2>&1
+  env "$@" timeout 150 "$t" --gtest_filter="${FILTER:-*Cuda*}" --gtest_brief=1 > "$out/tests_$name.txt" 2>&1
   echo "rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/tests_$name.txt" | tr '\n' ' ')"
   grep -E '^\[  FAILED  \]' "$out/tests_$name.txt" | head -8
 }
@@ -76,7 +77,9 @@ fi
 
 for step in $steps; do
   case $step in
-    tests) suite default ;;
+    tests)
+      suite default
+      FILTER='*fp8_e4m3_block*' suite block_shared_tile FP8MLA_KERNEL_FAMILY=shared_tile ;;
     memcheck)
       section "memcheck: bad input, sparse, large pool"
       sanitize memcheck 'CudaHostile*:*CudaSparse*:CudaDecodeSparse*' ;;
@@ -136,5 +139,9 @@ for step in $steps; do
     *) echo "unknown step '$step' (steps: tests memcheck portable sparse bench python port step peers traces sanitize_portable)"; exit 2 ;;
   esac
 done
-(cd "$out" && shopt -s nullglob && f=(./tests_*.txt ./bench_* ./sanitizer.txt ./env.txt ./flashinfer_load.txt ./peers.* ./traces.txt ./cuda) &&
+# Only what this call wrote (a name tar cannot find fails the whole pack).
+(cd "$out" && shopt -s nullglob && f=() &&
+  for x in ./tests_*.txt ./bench_* ./sanitizer.txt ./env.txt ./flashinfer_load.txt ./peers.* ./traces.txt ./cuda; do
+    [ -e "$x" ] && f+=("$x")
+  done
   [ ${#f[@]} -gt 0 ] && tar czf records.tgz --remove-files "${f[@]}") && echo "packed: records.tgz"

@@ -43,20 +43,26 @@ __device__ __forceinline__ float2 bf16x2_to_float2(std::uint32_t v) {
 
 namespace ops {
 
-// 16 e4m3 codes times a (power-of-two) scale -> 16 bf16 values at dst (exact).
-__device__ __forceinline__ void dequantize16(uint4 codes, float scale, std::uint8_t* dst) {
+// 16 e4m3 codes times a (power-of-two) scale -> 16 bf16 values, codes 0-7 in lo, 8-15 in hi
+// (exact: bf16 holds every code times every block scale; 448 x 2^127 becomes inf, as the float
+// reference's product does).
+__device__ __forceinline__ void dequantize16(uint4 codes, float scale, uint4& lo, uint4& hi) {
   const std::uint32_t w[4] = {codes.x, codes.y, codes.z, codes.w};
   std::uint32_t out[8];
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    const float2 lo = fp8x2_to_float2(static_cast<std::uint16_t>(w[k] & 0xffff));
-    const float2 hi = fp8x2_to_float2(static_cast<std::uint16_t>(w[k] >> 16));
-    out[2 * k] = float2_to_bf16x2(lo.x * scale, lo.y * scale);
-    out[2 * k + 1] = float2_to_bf16x2(hi.x * scale, hi.y * scale);
+    const float2 a = fp8x2_to_float2(static_cast<std::uint16_t>(w[k] & 0xffff));
+    const float2 b = fp8x2_to_float2(static_cast<std::uint16_t>(w[k] >> 16));
+    out[2 * k] = float2_to_bf16x2(a.x * scale, a.y * scale);
+    out[2 * k + 1] = float2_to_bf16x2(b.x * scale, b.y * scale);
   }
+  lo = make_uint4(out[0], out[1], out[2], out[3]);
+  hi = make_uint4(out[4], out[5], out[6], out[7]);
+}
+// The same into 32 contiguous bytes at dst.
+__device__ __forceinline__ void dequantize16(uint4 codes, float scale, std::uint8_t* dst) {
   uint4* d = reinterpret_cast<uint4*>(dst);
-  d[0] = make_uint4(out[0], out[1], out[2], out[3]);
-  d[1] = make_uint4(out[4], out[5], out[6], out[7]);
+  dequantize16(codes, scale, d[0], d[1]);
 }
 
 // |x| of 8 bf16 values as the bits of a non-negative float (orders like the value; NaN above inf).

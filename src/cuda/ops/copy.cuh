@@ -30,6 +30,11 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
+// A hint that the 128-byte line holding `gmem` is wanted soon: fetched into L2, no register
+// waits on it.
+__device__ __forceinline__ void prefetch_l2(const void* gmem) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(gmem));
+}
 
 // mbarriers and bulk copies (sm_90): the TMA engine copies contiguous global bytes (16-byte
 // aligned, a multiple of 16) into shared memory and counts them on an mbarrier, whose phase

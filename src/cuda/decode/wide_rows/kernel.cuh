@@ -1,17 +1,18 @@
-// wide_rows: fp8_e4m3 and bf16 tiles of 17-64 rows (128-head models run two 64-row tiles a
-// request) except bf16 on dense pages of >= 64 tokens (src/core/dispatch.h). One CTA of three
+// wide_rows: tiles of 17-64 rows (128-head models run two 64-row tiles a request) of every
+// format except bf16 on dense pages of >= 64 tokens (src/core/dispatch.h). One CTA of three
 // warpgroups per WorkTile, one CTA per SM.
 //
 // One idea: warp specialization, so the tensor cores work while another warpgroup fetches. Q
 // (nine 128-byte-swizzled panels, fp16 scaled per row for fp8 caches, bf16 as given) and two
 // 64-token 16-bit tiles fill shared memory. Warpgroup 2 (the producer) fills tile b % 2 with
 // block b once both consumers are done with block b - 2: fp8 codes loaded into registers a block
-// ahead and converted into the tile (exact), bf16 by cp.async straight into it. Warpgroup 0
+// ahead and converted into the tile (exact; block-format codes times their block scales into a
+// bf16 tile, BlockShare), bf16 by cp.async straight into it. Warpgroup 0
 // computes S = Q K^T (m64n64k16), the online softmax, writes P into the tile's rope panel (dead
 // once S has read it) and O[:, 0:256] += P V with P in registers (m64n256k16); warpgroup 1
 // multiplies O[:, 256:512] += P V. Three mbarrier pairs hand the tiles over: full (2 -> 0),
 // ready (0 -> 1: P and the factors written), free (0 and 1 -> 2). setmaxnreg moves registers to
-// where they are needed (kRegs). fp8 q_pe carries kpe_scale / ckv_scale before its fp16 rounding:
+// where they are needed (Regs). fp8 q_pe carries kpe_scale / ckv_scale before its fp16 rounding:
 // exact when the ratio is a power of two, else one fp16 rounding (2^-11 relative) of q_pe.
 #pragma once
 
@@ -138,6 +139,81 @@ __device__ __forceinline__ void store_share(const Share& sh, std::uint8_t* smem,
   }
 }
 
+// The block format (fp8_e4m3_block, 656-byte tokens: 512 codes, four float32 scales of 128 dims
+// each, 64 bf16 rope dims): warpgroup 1's share is the same two tokens a thread as Share's, with
+// the same 16-code chunks 4 k + i % 32 / 8 (k = 0..7) and scale i % 32 / 8 of the token (the four
+// lanes of a token, 8 apart, exchange theirs when they convert); the rope is copied by cp.async
+// when the tile is stored, from lines the load asked L2 for: 70 registers a thread (fp8's share
+// holds 72; with the rope and four scales a token, 88 spill at the producer's 120, Regs). The
+// tile is bf16: a code times its power-of-two block scale is exact there (fp16 lacks the range),
+// and the bf16 rope is stored as it came.
+struct BlockShare {
+  uint4 code[2][8];
+  const std::uint8_t* token[2];  // null: absent
+  float scale[2];
+};
+
+// Pools whose pages of 656-byte tokens lie back to back: a token is slot x 656 bytes in.
+__device__ __forceinline__ bool block_pool(const DecodeParams& p) {
+  return p.ckv_token_stride == 656 && p.ckv_page_stride == (std::int64_t{656} << p.page_shift);
+}
+
+__device__ __forceinline__ void load_block_share(const DecodeParams& p, const WorkTile& t, int blk,
+                                                 const std::int32_t (&e)[2], bool pool,
+                                                 BlockShare& sh) {
+  const int cc = threadIdx.x % 32 / 8;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const std::int64_t slot = ops::entry_slot_of<kN>(p, t, blk, e[j], share_token(j));
+    const std::uint8_t* a = slot < 0 ? nullptr
+                            : pool   ? p.ckv + slot * 656
+                                     : ops::slot_addr(p, slot).ckv;
+    sh.token[j] = a;
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      sh.code[j][k] = a != nullptr ? __ldg(reinterpret_cast<const uint4*>(a + 16 * (4 * k + cc)))
+                                   : make_uint4(0, 0, 0, 0);
+    sh.scale[j] = a != nullptr ? __ldg(reinterpret_cast<const float*>(a + 512) + cc) : 0.0f;
+    if (a != nullptr) prefetch_l2(a + 528 + 32 * cc);  // the rope's 128 bytes, 4 sectors
+  }
+}
+
+// The loaded block-format share into tile `tile` (bf16, swizzled panels) with its flags: the
+// rope's cp.async copies first (one commit group), then the codes dequantized; the caller waits
+// for the group before it hands the tile over.
+__device__ __forceinline__ void store_block_share(const DecodeParams& p, const BlockShare& sh,
+                                                  std::uint8_t* smem, int tile) {
+  using L = Layout<true>;
+  const int cc = threadIdx.x % 32 / 8;
+  std::uint8_t* dst = smem + L::kTile + tile * kTileBytes;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const bool ok = sh.token[j] != nullptr;
+    const std::uint8_t* rope = (ok ? sh.token[j] : p.ckv) + 528;  // p.ckv: mapped, not read
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+      cp_async_16(dst + 8 * kPanel + sw128(share_token(j), 16 * (cc + 4 * m)),
+                  rope + 16 * (cc + 4 * m), ok);
+  }
+  cp_async_commit();
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int row = share_token(j);
+    if (cc == 0) smem[L::kFlags + tile * kN + row] = sh.token[j] != nullptr ? 1 : 0;
+    float scale[4];
+#pragma unroll
+    for (int b = 0; b < 4; ++b)
+      scale[b] = __shfl_sync(0xffffffffu, sh.scale[j], threadIdx.x % 8 + 8 * b);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {  // dims 64 k + 16 cc + [0, 16): panel k, block k / 2
+      uint4 a, b;
+      dequantize16(sh.code[j][k], scale[k / 2], a, b);
+      *reinterpret_cast<uint4*>(dst + k * kPanel + sw128(row, 32 * cc)) = a;
+      *reinterpret_cast<uint4*>(dst + k * kPanel + sw128(row, 32 * cc + 16)) = b;
+    }
+  }
+}
+
 // Blocks whose 64 tokens lie in a row of one page with fused tokens (kCkv + 64 x the element
 // size: 576 bytes fp8, 1152 bf16) (dense page tables, pages of >= 64 tokens, fp8mla's and
 // SGLang's pools): one page-table entry a block, and every byte's address a constant offset from
@@ -258,14 +334,26 @@ __device__ __forceinline__ std::uint8_t* p_frag_addr(std::uint8_t* smem, int til
 // Threads and registers: warpgroups 0 and 1 consume (S, softmax, P V), warpgroup 2 fetches.
 // The launch gives every thread kLaunchRegs (65,536 / 384, rounded down to 8); setmaxnreg then
 // moves them to where they are needed: warpgroup 0 holds O's half, S and P (216), warpgroup 1
-// O's half and P (176; 160 spilled), the producer one fp8 block's loads (112).
+// O's half and P (176; 168 and 160 spill), the producer one fp8 block's loads (112). The block
+// format's producer needs 120 for its share and the conversions (112 spill); its warpgroup 0,
+// bf16 products, fits 208 (fp8's spills there).
 inline constexpr int kThreads = 3 * 128;
 inline constexpr int kLaunchRegs = 168;
-inline constexpr int kRegs[3] = {216, 176, 112};
-static_assert(kRegs[0] + kRegs[1] + kRegs[2] <= 3 * kLaunchRegs, "register pool exceeded");
+template <KvFormat F>
+struct Regs {
+  static constexpr bool kBlockFmt = F == KvFormat::fp8_e4m3_block;
+  static constexpr int kConsumer0 = kBlockFmt ? 208 : 216;
+  static constexpr int kConsumer1 = 176;
+  static constexpr int kProducer = kBlockFmt ? 120 : 112;
+  static_assert(kConsumer0 + kConsumer1 + kProducer <= 3 * kLaunchRegs, "register pool exceeded");
+};
 
-template <bool kBf16>
+// F: the cache format. bf16 and the block format share the bf16 tile (Q as given, bf16
+// products); fp8_e4m3 takes the fp16 tile.
+template <KvFormat F>
 __global__ void __launch_bounds__(kThreads, 1) wide_rows_kernel(const DecodeParams p) {
+  constexpr bool kBf16 = F != KvFormat::fp8_e4m3;
+  constexpr bool kBlockFmt = F == KvFormat::fp8_e4m3_block;
   using L = Layout<kBf16>;
   DeviceTile tile;
   if (!ops::load_tile(p, tile)) return;
@@ -294,23 +382,41 @@ __global__ void __launch_bounds__(kThreads, 1) wide_rows_kernel(const DecodePara
     // cp.async copies, two blocks in flight. Entries are loaded a block before their use
     // (ops::token_entry_of): fp8 per token e[0..1], bf16 e[0..3] (one per block, e[0], for
     // contiguous blocks) ----
-    setmaxnreg_dec<kRegs[2]>();
+    setmaxnreg_dec<Regs<F>::kProducer>();
     if (n_blocks == 0) return;
-    constexpr int kEntries = kBf16 ? 4 : 2;
-    constexpr int kToken = kBf16 ? 1152 : 576;           // bytes of a fused token
-    const bool contig = contiguous_blocks<kBf16>(p, t);  // these two the same for the whole CTA
-    const bool fused = fused_pool<kToken>(p);
+    constexpr bool kCopies = kBf16 && !kBlockFmt;  // bf16: cp.async; else loads and stores
+    constexpr int kEntries = kCopies ? 4 : 2;
+    constexpr int kToken = kCopies ? 1152 : 576;  // bytes of a fused token
+    // These two the same for the whole CTA.
+    const bool contig = !kBlockFmt && contiguous_blocks<kBf16>(p, t);
+    const bool fused = kBlockFmt ? block_pool(p) : fused_pool<kToken>(p);
     std::int32_t e[kEntries] = {};
     auto entries = [&](int blk) {
 #pragma unroll
       for (int j = 0; j < kEntries; ++j) {
         if (j > 0 && contig) break;
-        const int tok = contig ? 0 : kBf16 ? copy_token(j) : share_token(j);
+        const int tok = contig ? 0 : kCopies ? copy_token(j) : share_token(j);
         e[j] = ops::token_entry_of<kN>(p, t, q_first, tile.kv_base, blk, tok);
       }
     };
     entries(0);
-    if constexpr (kBf16) {
+    if constexpr (kBlockFmt) {
+      BlockShare sh;
+      auto load = [&](int blk) {  // into sh; the entries move on by a block
+        load_block_share(p, t, blk, e, fused, sh);
+        entries(blk + 1);
+      };
+      load(0);
+      for (int blk = 0; blk < n_blocks; ++blk) {
+        const int s = blk & 1;
+        if (blk >= 2) mbar_wait(freed + 8 * s, ((blk - 2) >> 1) & 1);
+        store_block_share(p, sh, smem, s);
+        cp_async_wait<0>();   // the rope
+        fence_proxy_async();  // st.shared and cp.async are generic-proxy writes; wgmma reads async
+        mbar_arrive(full + 8 * s);
+        if (blk + 1 < n_blocks) load(blk + 1);
+      }
+    } else if constexpr (kCopies) {
       auto copy = [&](int blk) {  // into tile blk % 2; the entries move on by a block
         copy_bf16_block(p, t, blk, e, contig, fused, smem, blk & 1);
         entries(blk + 1);
@@ -497,10 +603,10 @@ __global__ void __launch_bounds__(kThreads, 1) wide_rows_kernel(const DecodePara
     ops::store_rows(p, tile, kGroup, warp, lane, o, row_max, row_sum);
   };
   if (group == 0) {
-    setmaxnreg_inc<kRegs[0]>();
+    setmaxnreg_inc<Regs<F>::kConsumer0>();
     consume(std::integral_constant<int, 0>{});
   } else {
-    setmaxnreg_inc<kRegs[1]>();
+    setmaxnreg_inc<Regs<F>::kConsumer1>();
     consume(std::integral_constant<int, 1>{});
   }
 }

@@ -5,7 +5,7 @@
 namespace fp8mla::detail::wide_rows {
 
 KernelEntry bf16() {
-  return {&wide_rows_kernel<true>, Layout<true>::kSmemBytes, kThreads, kLaunchRegs};
+  return {&wide_rows_kernel<KvFormat::bf16>, Layout<true>::kSmemBytes, kThreads, kLaunchRegs};
 }
 
 }  // namespace fp8mla::detail::wide_rows

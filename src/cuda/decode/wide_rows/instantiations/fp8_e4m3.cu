@@ -5,7 +5,7 @@
 namespace fp8mla::detail::wide_rows {
 
 KernelEntry fp8_e4m3() {
-  return {&wide_rows_kernel<false>, Layout<false>::kSmemBytes, kThreads, kLaunchRegs};
+  return {&wide_rows_kernel<KvFormat::fp8_e4m3>, Layout<false>::kSmemBytes, kThreads, kLaunchRegs};
 }
 
 }  // namespace fp8mla::detail::wide_rows
