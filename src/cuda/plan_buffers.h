@@ -21,6 +21,9 @@ struct CudaPlanBuffers {
   std::int32_t num_tiles = 0, num_merge = 0;
   std::int32_t max_splits = 1;  // most splits of any request (picks the merge layout)
 
+  // counts ... sparse lie in one allocation, `arena`, as arena_layout (runtime.cu) places them,
+  // so a stream-ordered replan copies the small arrays and the live tiles in one copy.
+  std::uint8_t* arena = nullptr;
   DeviceTile* tiles = nullptr;             // [cap_tiles]
   std::int32_t* counts = nullptr;          // [2]: num_tiles, num_merge items
   std::int32_t* qo_indptr = nullptr;       // [cap_batch + 1]
@@ -33,7 +36,7 @@ struct CudaPlanBuffers {
   float* partial_lse = nullptr;            // [cap_partial_rows]
 
   // Graph mode: pinned host staging for the stream-ordered replan (cuda_upload_plan_async), two
-  // slots of staging_bytes used in turn; staged[i] is recorded on the stream after slot i's
+  // slots laid out as the arena, of staging_bytes each, used in turn; staged[i] is recorded on the stream after slot i's
   // copies, and a replan waits for it only before refilling that slot.
   std::uint8_t* staging[2] = {nullptr, nullptr};
   cudaEvent_t staged[2] = {nullptr, nullptr};

@@ -167,11 +167,8 @@ PageOutside cuda_find_page_outside(const TensorView& pages, std::int64_t num_pag
 
 void destroy_cuda_buffers(CudaPlanBuffers* b) noexcept {
   if (b == nullptr) return;
-  for (void* p : {static_cast<void*>(b->tiles), static_cast<void*>(b->counts),
-                  static_cast<void*>(b->qo_indptr), static_cast<void*>(b->num_splits),
-                  static_cast<void*>(b->partial_offset), static_cast<void*>(b->kv_indices),
-                  static_cast<void*>(b->sparse), static_cast<void*>(b->merge),
-                  static_cast<void*>(b->partial_o), static_cast<void*>(b->partial_lse)}) {
+  for (void* p : {static_cast<void*>(b->arena), static_cast<void*>(b->partial_o),
+                  static_cast<void*>(b->partial_lse)}) {
     cuda_free(p);
   }
   for (int slot = 0; slot < 2; ++slot) {
@@ -267,35 +264,53 @@ void set_live_sizes(const PlanState& plan, CudaPlanBuffers& b, const HostArrays&
 }
 
 // One staging slot's layout: each array at its capacity, 64-byte aligned, in this order.
-struct StagingLayout {
-  std::size_t tiles = 0, qo_indptr = 0, num_splits = 0, partial_offset = 0, kv_indices = 0,
-              sparse = 0, merge = 0, counts = 0, bytes = 0;
+// Byte offsets of the plan's arrays in its arena (and in each staging slot, laid out alike):
+// the small per-request arrays first, then the tiles, so a replan's first copy covers them and
+// the live tiles; the merge rows, page table and sparse lists after, each copied live. Each
+// array starts on a 64-byte boundary.
+struct ArenaLayout {
+  std::size_t counts = 0, qo_indptr = 0, num_splits = 0, partial_offset = 0, tiles = 0, merge = 0,
+              kv_indices = 0, sparse = 0, bytes = 0;
 };
 
-StagingLayout staging_layout(const CudaPlanBuffers& b) {
-  StagingLayout l;
+ArenaLayout arena_layout(const CudaPlanBuffers& b) {
+  ArenaLayout l;
   std::size_t at = 0;
   auto place = [&](std::int64_t n, std::size_t element) {
     const std::size_t offset = at;
     at += (static_cast<std::size_t>(std::max<std::int64_t>(n, 0)) * element + 63) / 64 * 64;
     return offset;
   };
-  l.tiles = place(b.cap_tiles, sizeof(DeviceTile));
+  l.counts = place(2, sizeof(std::int32_t));
   l.qo_indptr = place(b.cap_batch + 1, sizeof(std::int32_t));
   l.num_splits = place(b.cap_batch, sizeof(std::int32_t));
   l.partial_offset = place(b.cap_batch, sizeof(std::int64_t));
-  l.kv_indices = place(b.staging_pages ? b.cap_kv_indices : 0, sizeof(std::int32_t));
-  l.sparse = place(b.cap_sparse, sizeof(std::int32_t));
+  l.tiles = place(b.cap_tiles, sizeof(DeviceTile));
   l.merge = place(b.cap_merge, sizeof(MergeItem));
-  l.counts = place(2, sizeof(std::int32_t));
-  l.bytes = at;
+  l.kv_indices = place(b.cap_kv_indices, sizeof(std::int32_t));
+  l.sparse = place(b.cap_sparse, sizeof(std::int32_t));
+  l.bytes = std::max<std::size_t>(at, 64);
   return l;
+}
+
+// The arena and the arrays in it (cuda_malloc zero-fills it).
+void allocate_arena(CudaPlanBuffers& b) {
+  const ArenaLayout l = arena_layout(b);
+  b.arena = static_cast<std::uint8_t*>(cuda_malloc(l.bytes, b.device_id));
+  b.counts = reinterpret_cast<std::int32_t*>(b.arena + l.counts);
+  b.qo_indptr = reinterpret_cast<std::int32_t*>(b.arena + l.qo_indptr);
+  b.num_splits = reinterpret_cast<std::int32_t*>(b.arena + l.num_splits);
+  b.partial_offset = reinterpret_cast<std::int64_t*>(b.arena + l.partial_offset);
+  b.tiles = reinterpret_cast<DeviceTile*>(b.arena + l.tiles);
+  b.merge = reinterpret_cast<MergeItem*>(b.arena + l.merge);
+  b.kv_indices = reinterpret_cast<std::int32_t*>(b.arena + l.kv_indices);
+  b.sparse = reinterpret_cast<std::int32_t*>(b.arena + l.sparse);
 }
 
 // Graph mode: the pinned staging slots and their events (made once, with the buffers).
 void allocate_staging(CudaPlanBuffers& b, bool borrowed_pages) {
   b.staging_pages = !borrowed_pages;
-  b.staging_bytes = staging_layout(b).bytes;
+  b.staging_bytes = arena_layout(b).bytes;
   for (int slot = 0; slot < 2; ++slot) {
     void* host = nullptr;
     FP8MLA_CUDA_CHECK(cudaMallocHost(&host, b.staging_bytes));
@@ -334,14 +349,7 @@ void cuda_upload_plan(PlanState& plan) {
     }
     // The planner's bound (kernel_rows, the one its residency came from) covers every tile.
     b->row_tiles = row_tiles_for(std::max(plan.kernel_rows, h.max_rows));
-    b->tiles = alloc<DeviceTile>(b->cap_tiles, b->device_id);
-    b->counts = alloc<std::int32_t>(2, b->device_id);
-    b->qo_indptr = alloc<std::int32_t>(b->cap_batch + 1, b->device_id);
-    b->num_splits = alloc<std::int32_t>(b->cap_batch, b->device_id);
-    b->partial_offset = alloc<std::int64_t>(b->cap_batch, b->device_id);
-    b->kv_indices = alloc<std::int32_t>(b->cap_kv_indices, b->device_id);
-    b->sparse = alloc<std::int32_t>(b->cap_sparse, b->device_id);
-    b->merge = alloc<MergeItem>(b->cap_merge, b->device_id);
+    allocate_arena(*b);
     b->partial_o = alloc<float>(b->cap_partial_rows * kDimCkv, b->device_id);
     b->partial_lse = alloc<float>(b->cap_partial_rows, b->device_id);
     if (o.cuda_graph) allocate_staging(*b, borrowed);
@@ -395,24 +403,33 @@ void cuda_upload_plan_async(PlanState& plan, void* stream) {
   if (b.staged_pending[slot]) FP8MLA_CUDA_CHECK(cudaEventSynchronize(b.staged[slot]));
   b.staged_pending[slot] = false;
   std::uint8_t* base = b.staging[slot];
-  const StagingLayout l = staging_layout(b);
-  auto stage = [&](void* device, const void* host, std::size_t bytes, std::size_t offset) {
-    if (bytes == 0) return;
-    std::memcpy(base + offset, host, bytes);
-    FP8MLA_CUDA_CHECK(cudaMemcpyAsync(device, base + offset, bytes, cudaMemcpyHostToDevice, s));
-  };
+  const ArenaLayout l = arena_layout(b);
   auto bytes_of = [](const auto& v) { return v.size() * sizeof(v[0]); };
-  stage(b.tiles, h.tiles.data(), bytes_of(h.tiles), l.tiles);
-  stage(b.qo_indptr, plan.qo_indptr.data(), bytes_of(plan.qo_indptr), l.qo_indptr);
-  stage(b.num_splits, plan.num_splits.data(), bytes_of(plan.num_splits), l.num_splits);
-  stage(b.partial_offset, plan.partial_offset.data(), bytes_of(plan.partial_offset),
-        l.partial_offset);
+  auto fill = [&](std::size_t offset, const auto& v) {  // into the slot, as the arena lays it out
+    if (!v.empty()) std::memcpy(base + offset, v.data(), bytes_of(v));
+  };
+  auto copy = [&](std::size_t offset, std::size_t bytes) {  // slot -> arena, stream-ordered
+    if (bytes == 0) return;
+    FP8MLA_CUDA_CHECK(cudaMemcpyAsync(b.arena + offset, base + offset, bytes,
+                                      cudaMemcpyHostToDevice, s));
+  };
+  // One copy for counts ... partial_offset and the live tiles (the capacities' slack between them
+  // carries stale slot bytes, which no kernel reads: each reads below the live sizes), then the
+  // live merge rows, page table and sparse lists: one to four copies a replan, not eight.
+  fill(l.counts, h.counts);
+  fill(l.qo_indptr, plan.qo_indptr);
+  fill(l.num_splits, plan.num_splits);
+  fill(l.partial_offset, plan.partial_offset);
+  fill(l.tiles, h.tiles);
+  copy(0, l.tiles + bytes_of(h.tiles));
+  fill(l.merge, h.merge);
+  copy(l.merge, bytes_of(h.merge));
   if (b.staging_pages) {
-    stage(b.kv_indices, plan.kv_indices.data(), bytes_of(plan.kv_indices), l.kv_indices);
+    fill(l.kv_indices, plan.kv_indices);
+    copy(l.kv_indices, bytes_of(plan.kv_indices));
   }
-  stage(b.sparse, plan.sparse_indices.data(), bytes_of(plan.sparse_indices), l.sparse);
-  stage(b.merge, h.merge.data(), bytes_of(h.merge), l.merge);
-  stage(b.counts, h.counts.data(), bytes_of(h.counts), l.counts);
+  fill(l.sparse, plan.sparse_indices);
+  copy(l.sparse, bytes_of(plan.sparse_indices));
   FP8MLA_CUDA_CHECK(cudaEventRecord(b.staged[slot], s));
   b.staged_pending[slot] = true;
   b.next_slot = 1 - slot;
