@@ -242,6 +242,47 @@ def test_decode_verify_extend_sequences(page_size, kv_dtype):
               f"verify layer {layer.layer_id}")
 
 
+@pytest.mark.parametrize("page_size", [1, 64])
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.bfloat16])
+def test_long_extend_chunks_run_on_the_gathered_cast(page_size, kv_dtype):
+    """Extend with a prefix: on an FP8 pool a batch whose longest chunk has at least
+    gather_min_new_tokens new tokens runs on the gathered cast (its pages cast to bf16 each layer,
+    then the bf16 kernel), a shorter one, or one past gather_max_bytes, on the FP8 pool; a bf16
+    pool is read as stored. Each output against the float64 reference."""
+    from fp8mla.sglang import backend
+
+    gen = torch.Generator().manual_seed(9)
+    r = runner(page_size, kv_dtype)
+    be = make_backend(r)
+    assert (be.gather_min_new_tokens, be.gather_max_bytes) == (backend.GATHER_MIN_NEW_TOKENS,
+                                                               backend.GATHER_MAX_BYTES)
+    be.gather_min_new_tokens = 8  # the threshold at the test's size
+    ls = layers(2)
+    sched = Scheduler(r, gen)
+    pool = lambda layer: r.token_to_kv_pool.get_key_buffer(layer.layer_id).float()  # noqa: E731
+    reqs, lens = [2, 5], [40, 97]
+    for req, n in zip(reqs, lens):
+        write_tokens(r, ls, sched.grow(req, n), gen)
+    fp8 = kv_dtype == torch.float8_e4m3fn
+    for ext, max_bytes, gathered in (([9, 3], None, fp8), ([4, 7], None, False),
+                                     ([3, 12], 1, False)):
+        be.gather_max_bytes = max_bytes or backend.GATHER_MAX_BYTES
+        slots = torch.cat([sched.grow(req, n + e) for req, n, e in zip(reqs, lens, ext)])
+        fb = batch(ForwardMode.EXTEND, 2, reqs, [n + e for n, e in zip(lens, ext)], slots,
+                   prefix=lens, extend=ext)
+        be.init_forward_metadata(fb)
+        assert (be.forward_metadata.gather_pages is not None) == gathered, (ext, max_bytes)
+        for layer in ls:
+            q = torch.randn(sum(ext), HEADS, 576, generator=gen).to(torch.bfloat16)
+            k = (torch.randn(sum(ext), 1, 576, generator=gen) * 0.5).to(torch.bfloat16)
+            o = be.forward_extend(q.view(sum(ext), -1), k, k[..., :512], layer, fb)
+            rows = [r.req_to_token_pool.req_to_token[req, :n + e] for req, n, e in
+                    zip(reqs, lens, ext)]
+            check(o, reference(q[..., :512], q[..., 512:], pool(layer), rows, ext, True),
+                  f"extend {ext} layer {layer.layer_id}")
+        lens = [n + e for n, e in zip(lens, ext)]
+
+
 def test_pool_read_as_stored():
     """The FP8 pool reaches the kernels as float8_e4m3fn bytes (no cast to the model dtype)."""
     r = runner(1, torch.float8_e4m3fn)

@@ -12,7 +12,8 @@ or ``forward_extend`` once per layer. This backend:
   * reads the layer's pool as it is stored (FP8 e4m3 read natively with unit scales, as SGLang's
     MLA pool is written unscaled; or bf16), in pages of SGLang's page size (1 or 64 ...);
   * decode: one query token a request; target verify: draft_token_num tokens, causal; extend with
-    a prefix: the new tokens causal over prefix + themselves; extend without a prefix: the
+    a prefix: the new tokens causal over prefix + themselves, on the FP8 pool, or for long chunks
+    of an FP8 pool on the gathered cast (GATHER_MIN_NEW_TOKENS); extend without a prefix: the
     non-absorbed ragged prefill (FlashInfer's ragged prefill, or torch's SDPA without FlashInfer).
 """
 
@@ -22,6 +23,16 @@ import torch
 
 from .. import BatchMLAPagedAttentionWrapper, MLAPlanMetadata
 from .routing import register_model_routing
+
+# Extend-with-prefix batches of an FP8 pool whose longest chunk has at least this many new tokens
+# run on the gathered cast: each layer casts only the batch's listed pages to bf16, then fp8mla's
+# bf16 kernel runs on them. Such chunks are compute-bound, where bf16 products beat fp8 codes
+# converted on the way: 12-54% less time on an H100 for chunks of 512-8192 new tokens over 4K-32K
+# cached ones (bench/sglang_step.py's gather way, bench/results/h100_sglang_step.txt). Shorter
+# chunks (not measured to gain) and batches whose gathered pages would take more than
+# GATHER_MAX_BYTES of bf16 read the FP8 pool. Both are attributes of the backend, too.
+GATHER_MIN_NEW_TOKENS = 512
+GATHER_MAX_BYTES = 1 << 30
 
 try:  # SGLang's base class when SGLang is installed (always, when SGLang loads this plugin)
     from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
@@ -137,9 +148,10 @@ class RaggedPrefill:
 class _Metadata:
     """What forward_* reads for the current batch."""
 
-    def __init__(self, wrapper=None, ragged=False):
+    def __init__(self, wrapper=None, ragged=False, gather_pages=None):
         self.wrapper = wrapper
         self.ragged = ragged
+        self.gather_pages = gather_pages  # int64 page ids to cast to bf16 each layer, in order
 
 
 class Fp8MlaAttnBackend(AttentionBackend):
@@ -190,6 +202,9 @@ class Fp8MlaAttnBackend(AttentionBackend):
         self._eager = {}  # forward mode -> (wrapper, page table)
         self._graph = {}  # (forward mode, bs) -> (wrapper, page table)
         self._extend = BatchMLAPagedAttentionWrapper(self.workspace, num_pages=self.pool_pages)
+        self._gathered = BatchMLAPagedAttentionWrapper(self.workspace)
+        self.gather_min_new_tokens = GATHER_MIN_NEW_TOKENS
+        self.gather_max_bytes = GATHER_MAX_BYTES
         self._ragged = RaggedPrefill(self.workspace, self.device)
         register_model_routing()
 
@@ -315,6 +330,22 @@ class Fp8MlaAttnBackend(AttentionBackend):
                           self.page_size, self.device)
         kv_indptr, kv_len = table.fill(self.req_to_token_pool.req_to_token,
                                        forward_batch.req_pool_indices[:bs], kv_len_cpu)
+        n_pages = int(kv_indptr[-1])
+        if (self.kv_cache_dtype == torch.float8_e4m3fn
+                and int(extend.max()) >= self.gather_min_new_tokens
+                and n_pages * self.page_size * (self.kv_lora_rank + self.rope_dim) * 2
+                <= self.gather_max_bytes):
+            # The gathered pages in table order: page i of the bf16 copy is table.table[i].
+            local = torch.arange(n_pages, dtype=torch.int32, device=self.device)
+            self._gathered.plan(
+                metadata=MLAPlanMetadata.csr(qo_indptr, kv_indptr, local, kv_len),
+                num_heads=self.num_heads, head_dim_ckv=self.kv_lora_rank,
+                head_dim_kpe=self.rope_dim, page_size=self.page_size, causal=True,
+                sm_scale=self.scaling, q_data_type=self.data_type, kv_data_type=torch.bfloat16,
+                query_layout="split", kv_cache_layout="split", num_pages=n_pages)
+            self.forward_metadata = _Metadata(self._gathered,
+                                              gather_pages=table.table[:n_pages].to(torch.int64))
+            return
         self._extend.plan(
             metadata=MLAPlanMetadata.csr(qo_indptr, kv_indptr, table.table, kv_len),
             num_heads=self.num_heads, head_dim_ckv=self.kv_lora_rank,
@@ -336,13 +367,16 @@ class Fp8MlaAttnBackend(AttentionBackend):
         else:
             self.token_to_kv_pool.set_kv_buffer(layer, loc, k, v)
 
-    def _cache(self, layer):
-        """(ckv, kpe) views [pages, page_size, 512 | 64] of the layer's pool, as stored."""
+    def _cache(self, layer, gather_pages=None):
+        """(ckv, kpe) views [pages, page_size, 512 | 64] of the layer's pool, as stored; or of a
+        bf16 copy of its pages gather_pages, in that order (the gathered cast)."""
         buf = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
         buf = buf.view(-1, self.page_size, buf.shape[-1])
+        if gather_pages is not None:
+            buf = buf.index_select(0, gather_pages).to(torch.bfloat16)
         return buf[..., : self.kv_lora_rank], buf[..., self.kv_lora_rank:]
 
-    def _absorbed(self, q, q_rope, layer, wrapper):
+    def _absorbed(self, q, q_rope, layer, wrapper, gather_pages=None):
         heads = layer.tp_q_head_num
         if q_rope is not None:
             q_nope = q.view(-1, heads, layer.v_head_dim)
@@ -351,8 +385,9 @@ class Fp8MlaAttnBackend(AttentionBackend):
             qall = q.view(-1, heads, layer.head_dim)
             q_nope, q_rope = qall[..., : layer.v_head_dim], qall[..., layer.v_head_dim:]
         out = q_nope.new_empty(q_nope.shape[0], heads, self.kv_lora_rank)
-        ckv, kpe = self._cache(layer)
-        wrapper.run(query=(q_nope, q_rope), kv_cache=(ckv, kpe), out=out, **self.kv_scales)
+        ckv, kpe = self._cache(layer, gather_pages)
+        scales = self.kv_scales if gather_pages is None else {}  # the copy is bf16
+        wrapper.run(query=(q_nope, q_rope), kv_cache=(ckv, kpe), out=out, **scales)
         return out.view(-1, heads * self.kv_lora_rank)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, q_rope=None,
@@ -376,8 +411,8 @@ class Fp8MlaAttnBackend(AttentionBackend):
                                  v.view(-1, layer.tp_v_head_num, layer.v_head_dim),
                                  layer.scaling, layer.logit_cap)
             return o.view(-1, layer.tp_q_head_num * layer.v_head_dim)
-        self._save(layer, forward_batch, k, v, k_rope, save_kv_cache)
-        return self._absorbed(q, q_rope, layer, md.wrapper)
+        self._save(layer, forward_batch, k, v, k_rope, save_kv_cache)  # before any gather
+        return self._absorbed(q, q_rope, layer, md.wrapper, md.gather_pages)
 
     @staticmethod
     def _reject(kwargs):
