@@ -27,10 +27,11 @@ from .routing import register_model_routing
 # Extend-with-prefix batches of an FP8 pool whose longest chunk has at least this many new tokens
 # run on the gathered cast: each layer casts only the batch's listed pages to bf16, then fp8mla's
 # bf16 kernel runs on them. Such chunks are compute-bound, where bf16 products beat fp8 codes
-# converted on the way: 12-54% less time on an H100 for chunks of 512-8192 new tokens over 4K-32K
-# cached ones (bench/sglang_step.py's gather way, bench/results/h100_sglang_step.txt). Shorter
-# chunks (not measured to gain) and batches whose gathered pages would take more than
-# GATHER_MAX_BYTES of bf16 read the FP8 pool. Both are attributes of the backend, too.
+# converted on the way: 11-54% less time on an H100 (two leases) for chunks of 512-8192 new
+# tokens over 4K-32K cached ones (bench/sglang_step.py's gather way,
+# bench/results/h100_sglang_step.txt). Shorter chunks (not measured to gain) and batches whose
+# gathered pages would take more than GATHER_MAX_BYTES of bf16 read the FP8 pool. Both are
+# attributes of the backend, too.
 GATHER_MIN_NEW_TOKENS = 512
 GATHER_MAX_BYTES = 1 << 30
 
