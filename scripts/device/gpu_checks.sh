@@ -16,6 +16,9 @@
 #                       carried package tree (.device_carry/fp8mla_py)
 #   port                FlashInfer's own MLA wrapper tests, ported (test_flashinfer_deepseek_mla.py),
 #                       on the GPU (FP8MLA_PORT_DEVICE=cuda), on the same package as python
+#   sglang              the SGLang plugin's tests on the GPU (FP8MLA_SGLANG_DEVICE=cuda) with sglang
+#                       and the packages its imports need installed from carried wheels (.whl,
+#                       tests/python/requirements-sglang.txt less what the device has)
 #   step                bench/sglang_step.py: one SGLang decode step (plan + every layer) the
 #                       plugin's way, SGLang's cast-pool way and the gathered cast, in CUDA graphs,
 #                       and extend chunks (STEP_ARGS replaces its default grid)
@@ -111,6 +114,15 @@ for step in $steps; do
         -p no:cacheprovider tests/python/test_flashinfer_deepseek_mla.py \
         > "$out/tests_port.txt" 2>&1
       echo "rc=$?"; tail -3 "$out/tests_port.txt" ;;
+    sglang)
+      if [ ! -d "$pkg" ] || [ ! -d .whl ] || [ "$(left)" -lt 90 ]; then echo "sglang skipped"; continue; fi
+      section "the SGLang plugin's tests on the GPU"
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/sglang-site .whl/*.whl > "$out/tests_sglang.txt" 2>&1
+      FP8MLA_SGLANG_DEVICE=cuda PYTHONPATH=$pkg:/tmp/sglang-site timeout $(($(left) - 60)) \
+        python3 -m pytest -q -rs -p no:cacheprovider tests/python/test_sglang_plugin.py \
+        >> "$out/tests_sglang.txt" 2>&1
+      echo "rc=$?"; tail -3 "$out/tests_sglang.txt" ;;
     step)
       if [ ! -d "$pkg" ] || [ "$(left)" -lt 120 ]; then echo "step skipped"; continue; fi
       section "SGLang decode step: plugin vs cast pool"
@@ -136,7 +148,7 @@ for step in $steps; do
       section "sanitizers (portable)"
       sanitize memcheck "$small" FP8MLA_KERNEL_FAMILY=portable
       sanitize racecheck "$small" FP8MLA_KERNEL_FAMILY=portable ;;
-    *) echo "unknown step '$step' (steps: tests memcheck portable sparse bench python port step peers traces sanitize_portable)"; exit 2 ;;
+    *) echo "unknown step '$step' (steps: tests memcheck portable sparse bench python port sglang step peers traces sanitize_portable)"; exit 2 ;;
   esac
 done
 # Only what this call wrote (a name tar cannot find fails the whole pack).

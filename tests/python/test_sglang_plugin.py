@@ -11,10 +11,14 @@ namespace with the attributes the backend reads; SGLang's parallel context is se
 override()), the CUDA graph itself (the capture / replay call sequence runs eagerly: what a
 replay reads is the wrapper and page-table buffer captured, rewritten by the replay's
 init_forward_metadata_out_graph), and spec_info (an object with draft_token_num).
+
+FP8MLA_SGLANG_DEVICE=cuda runs the same tests on the GPU (the device's pools, batches and the
+fp8mla CUDA backend; references on the CPU): scripts/device/gpu_checks.sh's sglang step.
 """
 
 import importlib.metadata
 import math
+import os
 import types
 
 import pytest
@@ -32,6 +36,14 @@ from sglang.srt.runtime_context import get_parallel  # noqa: E402
 HEADS = 16
 SCALING = 1.0 / math.sqrt(192)
 CONTEXT = 512
+DEVICE = os.environ.get("FP8MLA_SGLANG_DEVICE", "cpu")
+if DEVICE != "cpu" and not torch.cuda.is_available():
+    pytest.skip(f"FP8MLA_SGLANG_DEVICE={DEVICE}: no CUDA device", allow_module_level=True)
+
+
+def bf16(*shape, gen, scale=1.0):
+    """Random bf16 values drawn on the CPU (the same draws on every device), on DEVICE."""
+    return (torch.randn(*shape, generator=gen) * scale).to(torch.bfloat16).to(DEVICE)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -83,13 +95,13 @@ def runner(page_size, kv_dtype, pool_tokens=2048, layers=2, req_slots=8):
                                 qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
                                 scaling=SCALING, context_len=CONTEXT)
     return types.SimpleNamespace(
-        model_config=cfg, device="cpu", dtype=torch.bfloat16, kv_cache_dtype=kv_dtype,
+        model_config=cfg, device=DEVICE, dtype=torch.bfloat16, kv_cache_dtype=kv_dtype,
         page_size=page_size, use_mla_backend=True, kv_index_translator=None,
         req_to_token_pool=ReqToTokenPool(size=req_slots, max_context_len=CONTEXT,
-                                         device="cpu", enable_memory_saver=False),
+                                         device=DEVICE, enable_memory_saver=False),
         token_to_kv_pool=MLATokenToKVPool(size=pool_tokens, page_size=page_size, dtype=kv_dtype,
                                           kv_lora_rank=512, qk_rope_head_dim=64,
-                                          layer_num=layers, device="cpu",
+                                          layer_num=layers, device=DEVICE,
                                           enable_memory_saver=False))
 
 
@@ -127,12 +139,14 @@ def write_tokens(r, layer_list, slots, gen):
     from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
     for layer in layer_list:
-        k = (torch.randn(len(slots), 1, 576, generator=gen) * 0.5).to(torch.bfloat16)
+        k = bf16(len(slots), 1, 576, gen=gen, scale=0.5)
         r.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(slots, physical=True), k, None)
 
 
 def reference(q_nope, q_pe, pool, rows, qo_lens, causal):
     """float64: request i's q tokens over the pool tokens of rows[i], causal aligned to the end."""
+    q_nope, q_pe, pool = q_nope.cpu(), q_pe.cpu(), pool.cpu()
+    rows = [row.cpu() for row in rows]
     out = torch.zeros(q_nope.shape[0], HEADS, 512, dtype=torch.float64)
     kv = pool.double().reshape(-1, 576)
     t = 0
@@ -150,17 +164,19 @@ def reference(q_nope, q_pe, pool, rows, qo_lens, causal):
 
 
 def check(o, want, what):
-    o = o.view(want.shape).double()
+    want = want.cpu()
+    o = o.reshape(want.shape).double().cpu()
     err = torch.linalg.norm(o - want) / torch.linalg.norm(want)
     assert err < 1e-2, f"{what}: relative L2 error {float(err):.2e}"
 
 
 def batch(mode, bs, req, seqs, slots, prefix=None, extend=None, spec=None):
     seq = torch.tensor(seqs, dtype=torch.int64)
-    fb = ForwardBatch(forward_mode=mode, batch_size=bs, input_ids=torch.zeros(len(slots),
-                                                                           dtype=torch.int64),
-                      req_pool_indices=torch.tensor(req, dtype=torch.int64), seq_lens=seq,
-                      out_cache_loc=slots, seq_lens_sum=int(seq.sum()))
+    fb = ForwardBatch(forward_mode=mode, batch_size=bs,
+                      input_ids=torch.zeros(len(slots), dtype=torch.int64, device=DEVICE),
+                      req_pool_indices=torch.tensor(req, dtype=torch.int64, device=DEVICE),
+                      seq_lens=seq.to(DEVICE), out_cache_loc=slots.to(DEVICE),
+                      seq_lens_sum=int(seq.sum()))
     fb.seq_lens_cpu = seq.clone()
     fb.extend_prefix_lens_cpu = prefix
     fb.extend_seq_lens_cpu = extend
@@ -198,8 +214,8 @@ def test_decode_verify_extend_sequences(page_size, kv_dtype):
                prefix=prefixes, extend=ext)
     be.init_forward_metadata(fb)
     for layer in ls:
-        q = (torch.randn(sum(ext), HEADS, 576, generator=gen)).to(torch.bfloat16)
-        k = (torch.randn(sum(ext), 1, 576, generator=gen) * 0.5).to(torch.bfloat16)
+        q = bf16(sum(ext), HEADS, 576, gen=gen)
+        k = bf16(sum(ext), 1, 576, gen=gen, scale=0.5)
         # What SGLang's DeepSeek attention passes a backend outside its absorb-core list: q and
         # k with the rope part concatenated (576 wide), v = k's latent part.
         o = be.forward_extend(q.view(sum(ext), -1), k, k[..., :512], layer, fb)
@@ -216,8 +232,8 @@ def test_decode_verify_extend_sequences(page_size, kv_dtype):
         fb = batch(ForwardMode.DECODE, 3, reqs, lens, slots)
         be.init_forward_metadata(fb)
         for layer in ls:
-            q = torch.randn(3, HEADS, 576, generator=gen).to(torch.bfloat16)
-            k = (torch.randn(3, 1, 576, generator=gen) * 0.5).to(torch.bfloat16)
+            q = bf16(3, HEADS, 576, gen=gen)
+            k = bf16(3, 1, 576, gen=gen, scale=0.5)
             o = be.forward_decode(q.view(3, -1), k, k[..., :512], layer, fb)
             rows = [r.req_to_token_pool.req_to_token[req, :n] for req, n in zip(reqs, lens)]
             want = reference(q[..., :512], q[..., 512:], pool(layer), rows, [1] * 3, False)
@@ -234,8 +250,8 @@ def test_decode_verify_extend_sequences(page_size, kv_dtype):
     fb = batch(ForwardMode.TARGET_VERIFY, 3, reqs, lens, slots, spec=spec)
     be.init_forward_metadata(fb)
     for layer in ls:
-        q = torch.randn(3 * ndt, HEADS, 576, generator=gen).to(torch.bfloat16)
-        k = (torch.randn(3 * ndt, 1, 576, generator=gen) * 0.5).to(torch.bfloat16)
+        q = bf16(3 * ndt, HEADS, 576, gen=gen)
+        k = bf16(3 * ndt, 1, 576, gen=gen, scale=0.5)
         o = be.forward_extend(q.view(3 * ndt, -1), k, k[..., :512], layer, fb)
         rows = [r.req_to_token_pool.req_to_token[req, :n + ndt] for req, n in zip(reqs, lens)]
         check(o, reference(q[..., :512], q[..., 512:], pool(layer), rows, [ndt] * 3, True),
@@ -273,8 +289,8 @@ def test_long_extend_chunks_run_on_the_gathered_cast(page_size, kv_dtype):
         be.init_forward_metadata(fb)
         assert (be.forward_metadata.gather_pages is not None) == gathered, (ext, max_bytes)
         for layer in ls:
-            q = torch.randn(sum(ext), HEADS, 576, generator=gen).to(torch.bfloat16)
-            k = (torch.randn(sum(ext), 1, 576, generator=gen) * 0.5).to(torch.bfloat16)
+            q = bf16(sum(ext), HEADS, 576, gen=gen)
+            k = bf16(sum(ext), 1, 576, gen=gen, scale=0.5)
             o = be.forward_extend(q.view(sum(ext), -1), k, k[..., :512], layer, fb)
             rows = [r.req_to_token_pool.req_to_token[req, :n + e] for req, n, e in
                     zip(reqs, lens, ext)]
@@ -327,7 +343,7 @@ def test_graph_capture_and_replay_sequence(page_size):
         be.init_forward_metadata_out_graph(fb, in_capture=False)
         assert be.forward_metadata.wrapper is captured
         for layer in ls:
-            q = torch.randn(4, HEADS, 576, generator=gen).to(torch.bfloat16)
+            q = bf16(4, HEADS, 576, gen=gen)
             o = be.forward_decode(q.view(4, -1), None, None, layer, fb)
             rows = [r.req_to_token_pool.req_to_token[req, :n] for req, n in
                     zip(reqs + [0], lens + [fill])]
@@ -346,11 +362,11 @@ def test_extend_without_prefix_runs_the_ragged_prefill():
                prefix=[0, 0], extend=ext)
     be.init_forward_metadata(fb)
     layer = RadixAttention(HEADS, 192, SCALING, HEADS, layer_id=0, v_head_dim=128)
-    q = torch.randn(19, HEADS, 192, generator=gen).to(torch.bfloat16)
-    k = torch.randn(19, HEADS, 192, generator=gen).to(torch.bfloat16)
-    v = torch.randn(19, HEADS, 128, generator=gen).to(torch.bfloat16)
+    q = bf16(19, HEADS, 192, gen=gen)
+    k = bf16(19, HEADS, 192, gen=gen)
+    v = bf16(19, HEADS, 128, gen=gen)
     o = be.forward_extend(q, k, v, layer, fb, save_kv_cache=False).view(19, HEADS, 128)
-    t = 0
+    q, k, v, t = q.cpu(), k.cpu(), v.cpu(), 0
     for e in ext:
         s = torch.einsum("qhd,khd->hqk", q[t:t + e].double(), k[t:t + e].double()) * SCALING
         s = s.masked_fill(torch.ones(e, e, dtype=torch.bool).triu(1), float("-inf"))
