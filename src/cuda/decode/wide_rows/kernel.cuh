@@ -400,22 +400,31 @@ __global__ void __launch_bounds__(kThreads, 1) wide_rows_kernel(const DecodePara
       }
     };
     entries(0);
-    if constexpr (kBlockFmt) {
-      BlockShare sh;
-      auto load = [&](int blk) {  // into sh; the entries move on by a block
-        load_block_share(p, t, blk, e, fused, sh);
-        entries(blk + 1);
-      };
+    // The register-staged producers (fp8 codes, the block format): block blk's loads (into the
+    // share, a block ahead; the entries move on by a block), stored into tile blk % 2 once both
+    // consumers are done with block blk - 2.
+    auto stage_in_registers = [&](auto load, auto store) {
       load(0);
       for (int blk = 0; blk < n_blocks; ++blk) {
         const int s = blk & 1;
         if (blk >= 2) mbar_wait(freed + 8 * s, ((blk - 2) >> 1) & 1);
-        store_block_share(p, sh, smem, s);
-        cp_async_wait<0>();   // the rope
+        store(blk, s);
         fence_proxy_async();  // st.shared and cp.async are generic-proxy writes; wgmma reads async
         mbar_arrive(full + 8 * s);
         if (blk + 1 < n_blocks) load(blk + 1);
       }
+    };
+    if constexpr (kBlockFmt) {
+      BlockShare sh;
+      stage_in_registers(
+          [&](int blk) {
+            load_block_share(p, t, blk, e, fused, sh);
+            entries(blk + 1);
+          },
+          [&](int, int s) {
+            store_block_share(p, sh, smem, s);
+            cp_async_wait<0>();  // the rope
+          });
     } else if constexpr (kCopies) {
       auto copy = [&](int blk) {  // into tile blk % 2; the entries move on by a block
         copy_bf16_block(p, t, blk, e, contig, fused, smem, blk & 1);
@@ -444,27 +453,22 @@ __global__ void __launch_bounds__(kThreads, 1) wide_rows_kernel(const DecodePara
       }
     } else {
       Share sh;
-      auto load = [&](int blk) {  // into sh; the entries move on by a block
-        if (contig) {
-          load_block_units(p, t, blk, e[0], sh);
-        } else {
-          load_share(p, t, blk, e, fused, sh);
-        }
-        entries(blk + 1);
-      };
-      load(0);
-      for (int blk = 0; blk < n_blocks; ++blk) {
-        const int s = blk & 1;
-        if (blk >= 2) mbar_wait(freed + 8 * s, ((blk - 2) >> 1) & 1);
-        if (contig) {
-          store_block_units(sh, smem, s, block_tokens(t, blk));
-        } else {
-          store_share(sh, smem, s);
-        }
-        fence_proxy_async();  // st.shared is a generic-proxy write; wgmma reads async
-        mbar_arrive(full + 8 * s);
-        if (blk + 1 < n_blocks) load(blk + 1);
-      }
+      stage_in_registers(
+          [&](int blk) {
+            if (contig) {
+              load_block_units(p, t, blk, e[0], sh);
+            } else {
+              load_share(p, t, blk, e, fused, sh);
+            }
+            entries(blk + 1);
+          },
+          [&](int blk, int s) {
+            if (contig) {
+              store_block_units(sh, smem, s, block_tokens(t, blk));
+            } else {
+              store_share(sh, smem, s);
+            }
+          });
     }
     return;
   }
