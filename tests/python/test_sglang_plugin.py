@@ -184,6 +184,22 @@ def batch(mode, bs, req, seqs, slots, prefix=None, extend=None, spec=None):
     return fb
 
 
+def extend_layers(be, r, ls, fb, reqs, lens, qo, gen, what):
+    """forward_extend of every layer with fresh q and k (what SGLang's DeepSeek attention passes
+    a backend outside its absorb-core list: q and k with the rope part concatenated, 576 wide,
+    v = k's latent part; k written to the pool), each output against the float64 reference over
+    the requests' first `lens` tokens, causal."""
+    n = sum(qo)
+    for layer in ls:
+        q = bf16(n, HEADS, 576, gen=gen)
+        k = bf16(n, 1, 576, gen=gen, scale=0.5)
+        o = be.forward_extend(q.view(n, -1), k, k[..., :512], layer, fb)
+        rows = [r.req_to_token_pool.req_to_token[req, :m] for req, m in zip(reqs, lens)]
+        pool = r.token_to_kv_pool.get_key_buffer(layer.layer_id).float()
+        check(o, reference(q[..., :512], q[..., 512:], pool, rows, qo, True),
+              f"{what} layer {layer.layer_id}")
+
+
 def make_backend(r):
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
 
@@ -213,16 +229,7 @@ def test_decode_verify_extend_sequences(page_size, kv_dtype):
     fb = batch(ForwardMode.EXTEND, 3, reqs, [n + e for n, e in zip(prefixes, ext)], slots,
                prefix=prefixes, extend=ext)
     be.init_forward_metadata(fb)
-    for layer in ls:
-        q = bf16(sum(ext), HEADS, 576, gen=gen)
-        k = bf16(sum(ext), 1, 576, gen=gen, scale=0.5)
-        # What SGLang's DeepSeek attention passes a backend outside its absorb-core list: q and
-        # k with the rope part concatenated (576 wide), v = k's latent part.
-        o = be.forward_extend(q.view(sum(ext), -1), k, k[..., :512], layer, fb)
-        rows = [r.req_to_token_pool.req_to_token[req, :n + e] for req, n, e in
-                zip(reqs, prefixes, ext)]
-        check(o, reference(q[..., :512], q[..., 512:], pool(layer), rows, ext, True),
-              f"extend layer {layer.layer_id}")
+    extend_layers(be, r, ls, fb, reqs, [n + e for n, e in zip(prefixes, ext)], ext, gen, "extend")
 
     # Decode steps: one token a request; q given as one 576-wide tensor (no q_rope).
     lens = [n + e for n, e in zip(prefixes, ext)]
@@ -249,13 +256,7 @@ def test_decode_verify_extend_sequences(page_size, kv_dtype):
     spec = types.SimpleNamespace(draft_token_num=ndt)
     fb = batch(ForwardMode.TARGET_VERIFY, 3, reqs, lens, slots, spec=spec)
     be.init_forward_metadata(fb)
-    for layer in ls:
-        q = bf16(3 * ndt, HEADS, 576, gen=gen)
-        k = bf16(3 * ndt, 1, 576, gen=gen, scale=0.5)
-        o = be.forward_extend(q.view(3 * ndt, -1), k, k[..., :512], layer, fb)
-        rows = [r.req_to_token_pool.req_to_token[req, :n + ndt] for req, n in zip(reqs, lens)]
-        check(o, reference(q[..., :512], q[..., 512:], pool(layer), rows, [ndt] * 3, True),
-              f"verify layer {layer.layer_id}")
+    extend_layers(be, r, ls, fb, reqs, [n + ndt for n in lens], [ndt] * 3, gen, "verify")
 
 
 @pytest.mark.parametrize("page_size", [1, 64])
@@ -275,7 +276,6 @@ def test_long_extend_chunks_run_on_the_gathered_cast(page_size, kv_dtype):
     be.gather_min_new_tokens = 8  # the threshold at the test's size
     ls = layers(2)
     sched = Scheduler(r, gen)
-    pool = lambda layer: r.token_to_kv_pool.get_key_buffer(layer.layer_id).float()  # noqa: E731
     reqs, lens = [2, 5], [40, 97]
     for req, n in zip(reqs, lens):
         write_tokens(r, ls, sched.grow(req, n), gen)
@@ -288,15 +288,8 @@ def test_long_extend_chunks_run_on_the_gathered_cast(page_size, kv_dtype):
                    prefix=lens, extend=ext)
         be.init_forward_metadata(fb)
         assert (be.forward_metadata.gather_pages is not None) == gathered, (ext, max_bytes)
-        for layer in ls:
-            q = bf16(sum(ext), HEADS, 576, gen=gen)
-            k = bf16(sum(ext), 1, 576, gen=gen, scale=0.5)
-            o = be.forward_extend(q.view(sum(ext), -1), k, k[..., :512], layer, fb)
-            rows = [r.req_to_token_pool.req_to_token[req, :n + e] for req, n, e in
-                    zip(reqs, lens, ext)]
-            check(o, reference(q[..., :512], q[..., 512:], pool(layer), rows, ext, True),
-                  f"extend {ext} layer {layer.layer_id}")
         lens = [n + e for n, e in zip(lens, ext)]
+        extend_layers(be, r, ls, fb, reqs, lens, ext, gen, f"extend {ext}")
 
 
 def test_pool_read_as_stored():
