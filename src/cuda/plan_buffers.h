@@ -36,8 +36,8 @@ struct CudaPlanBuffers {
   float* partial_lse = nullptr;            // [cap_partial_rows]
 
   // Graph mode: pinned host staging for the stream-ordered replan (cuda_upload_plan_async), two
-  // slots laid out as the arena, of staging_bytes each, used in turn; staged[i] is recorded on the stream after slot i's
-  // copies, and a replan waits for it only before refilling that slot.
+  // slots laid out as the arena, of staging_bytes each, used in turn; staged[i] is recorded on
+  // the stream after slot i's copies, and a replan waits for it only before refilling that slot.
   std::uint8_t* staging[2] = {nullptr, nullptr};
   cudaEvent_t staged[2] = {nullptr, nullptr};
   bool staged_pending[2] = {false, false};

@@ -263,7 +263,6 @@ void set_live_sizes(const PlanState& plan, CudaPlanBuffers& b, const HostArrays&
                      : *std::max_element(plan.num_splits.begin(), plan.num_splits.end());
 }
 
-// One staging slot's layout: each array at its capacity, 64-byte aligned, in this order.
 // Byte offsets of the plan's arrays in its arena (and in each staging slot, laid out alike):
 // the small per-request arrays first, then the tiles, so a replan's first copy covers them and
 // the live tiles; the merge rows, page table and sparse lists after, each copied live. Each
