@@ -36,7 +36,7 @@ bin=${BIN:-.device_carry/bin}
 export LD_LIBRARY_PATH=$PWD/$bin:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 t=$bin/fp8mla_tests
 f=$bin/fp8mla
-steps=${STEPS:-tests memcheck portable sparse bench python port step peers traces sanitize_portable}
+steps=${STEPS:-tests memcheck portable sparse bench python port sglang step peers traces sanitize_portable}
 left() { echo $((${LIMIT:-580} - SECONDS)); }
 section() { echo "== $* ($(left) s left)"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
