@@ -5,7 +5,7 @@
 #
 # Steps (default: all, in this order):
 #   tests               the GPU suite as the dispatch table chooses, then the block format's tests
-#                       on shared_tile (served when forced)
+#                       on shared_tile and on wide_rows (<= 16 rows served when forced)
 #   memcheck            compute-sanitizer memcheck over the bad-input, sparse and large-pool tests
 #   portable            the suite with the portable family forced (FP8MLA_KERNEL_FAMILY), with its
 #                       fp8 products forced, and with one cp.async stage as on 99-KB GPUs
@@ -82,7 +82,8 @@ for step in $steps; do
   case $step in
     tests)
       suite default
-      FILTER='*fp8_e4m3_block*' suite block_shared_tile FP8MLA_KERNEL_FAMILY=shared_tile ;;
+      FILTER='*fp8_e4m3_block*' suite block_shared_tile FP8MLA_KERNEL_FAMILY=shared_tile
+      FILTER='*fp8_e4m3_block*' suite block_wide_rows FP8MLA_KERNEL_FAMILY=wide_rows ;;
     memcheck)
       section "memcheck: bad input, sparse, large pool"
       sanitize memcheck 'CudaHostile*:*CudaSparse*:CudaDecodeSparse*' ;;

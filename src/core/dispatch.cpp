@@ -108,11 +108,10 @@ constexpr Row kDispatchTable[] = {
   {kCpu,  kAll,          kAll,    kAll,            kAll,         kAll,  kAll,  kAll,        KernelFamily::cpu_fast},
   {kCpu,  kAll,          kAll,    kAll,            kAll,         kAll,  kAll,  kAll,        KernelFamily::cpu_reference},
   // 17-64 rows: bf16 dense pages of >= 64 tokens (a block is one page's run of nine tensor-map
-  // boxes), else the warp-specialized family (every format). The block format at any rows: its
-  // producer warpgroup dequantizes while the 64-row tile's tensor work runs.
+  // boxes), else the warp-specialized family (every format; for the block format its producer
+  // warpgroup dequantizes while the 64-row tile's tensor work runs).
   {kSm90, kBf16,         kRows64, kDense,          kPagesFrom64, kAll,  kAll,  kAll,        KernelFamily::bf16_wide_rows},
   {kSm90, kAll,          kRows64, kAll,            kAll,         kAll,  kAll,  kAll,        KernelFamily::wide_rows},
-  {kSm90, kBlock,        kRows16, kAll,            kAll,         kAll,  kAll,  kAll,        KernelFamily::wide_rows},
   // <= 16 rows, bf16 dense: tensor-map boxes of page runs while tiles are short; per-token copies
   // by producer warps on pages of < 8 tokens (a one-token box into the swizzled tile faults) and
   // for long tiles (their copies outrun the boxes, while a first block landing later costs
@@ -122,8 +121,10 @@ constexpr Row kDispatchTable[] = {
   // <= 16 rows, fp8_e4m3 dense with fast scores and a power-of-two ratio: S on fp8 tensor cores.
   {kSm90, kFp8,          kRows16, kDense,          kPagesFrom8,  kPow2, kFast, kAll,        KernelFamily::fp8_tma},
   {kSm90, kFp8,          kRows16, kDense,          kPagesUnder8, kPow2, kFast, kAll,        KernelFamily::fp8_gather},
-  // <= 16 rows, fp8_e4m3 otherwise (sparse lists, exact scores, any ratio): fp16 products.
-  {kSm90, kFp8,          kRows16, kAll,            kAll,         kAll,  kAll,  kAll,        KernelFamily::fp8_exact},
+  // <= 16 rows, fp8_e4m3 otherwise (sparse lists, exact scores, any ratio) and the block format:
+  // fp16 products of the codes as they lie in the staged tokens.
+  {kSm90, kFp8 | kBlock, kRows16, kAll,            kAll,         kAll,  kAll,  kAll,        KernelFamily::fp8_exact},
+  {kSm90, kBlock,        kRows16, kAll,            kAll,         kAll,  kAll,  kAll,        KernelFamily::wide_rows},
   // bf16 sparse lists of <= 16 rows, and the block format when forced.
   {kSm90, kBlock,        kAll,    kAll,            kAll,         kAll,  kAll,  kAll,        KernelFamily::shared_tile},
   {kSm90, kBf16,         kRows16, kAll,            kAll,         kAll,  kAll,  kAll,        KernelFamily::shared_tile},

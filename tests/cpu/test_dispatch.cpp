@@ -23,9 +23,9 @@ using F = KernelFamily;
 // false: row_tiles 1, 2 or 4 (16-row m-tiles), longest_tile in kv tokens.
 F previous_rule(KvFormat format, int row_tiles, bool sparse, int page_size, bool pow2, bool exact,
                 std::int64_t longest_tile) {
-  const F table = row_tiles > 1 || format == KvFormat::fp8_e4m3_block ? F::wide_rows
-                  : format == KvFormat::bf16                          ? F::shared_tile
-                                                                      : F::fp8_exact;
+  const F table = row_tiles > 1                 ? F::wide_rows
+                  : format == KvFormat::bf16 ? F::shared_tile
+                                             : F::fp8_exact;
   if (sparse) return table;
   if (row_tiles > 1)
     return format == KvFormat::bf16 && page_size >= 64 ? F::bf16_wide_rows : table;
@@ -147,9 +147,11 @@ TEST(Dispatch, ForcedFamilyServesOrIsNamed) {
   const DispatchKey bf16_long = key_for(KvFormat::bf16, 16, false, 64, false, false, 5000);
   EXPECT_EQ(detail::choose_family(bf16_long, F::automatic), F::bf16_gather);
   EXPECT_EQ(detail::choose_family(bf16_long, F::bf16_tma), F::bf16_tma);
-  // A row that only forcing reaches: the block format's <= 16-row tiles on shared_tile.
+  // Rows that only forcing reaches: the block format's <= 16-row tiles on wide_rows and
+  // shared_tile.
   const DispatchKey block_small = key_for(KvFormat::fp8_e4m3_block, 8, true, 1, false, false, 0);
-  EXPECT_EQ(detail::choose_family(block_small, F::automatic), F::wide_rows);
+  EXPECT_EQ(detail::choose_family(block_small, F::automatic), F::fp8_exact);
+  EXPECT_EQ(detail::choose_family(block_small, F::wide_rows), F::wide_rows);
   EXPECT_EQ(detail::choose_family(block_small, F::shared_tile), F::shared_tile);
   // Not covered: wrong format, rows, page size, scores, ratio, device.
   const struct {

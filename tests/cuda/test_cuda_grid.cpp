@@ -47,7 +47,9 @@ const GridCase kGrid[] = {
     {BF, 8, 64, 4, 1, 1, false, 0, 800, FU, 1.0f, 1.0f, "bf16_tma", nullptr},
     {BF, 16, 1, 4, 1, 1, false, 1, 300, SP, 1.0f, 1.0f, "bf16_gather", nullptr},
     {BF, 128, 16, 2, 1, 1, false, 0, 400, FU, 1.0f, 1.0f, nullptr, "wide_rows"},
-    {BL, 8, 64, 4, 1, 1, false, 0, 900, FU, 1.0f, 1.0f, "wide_rows", nullptr},
+    {BL, 8, 64, 4, 1, 1, false, 0, 900, FU, 1.0f, 1.0f, "fp8_exact", nullptr},
+    {BL, 16, 1, 3, 1, 1, false, 0, 1500, FU, 1.0f, 1.0f, "fp8_exact", nullptr},
+    {BL, 1, 16, 2, 1, 1, false, 3000, 5000, FU, 1.0f, 1.0f, "fp8_exact", nullptr},
     {BL, 64, 1, 3, 1, 1, false, 1, 300, FU, 1.0f, 1.0f, nullptr, "wide_rows"},
     {BL, 128, 16, 2, 1, 1, false, 10, 200, FU, 1.0f, 1.0f, nullptr, "wide_rows"},
     // multi-token causal decode (MTP / speculative): qo_len 1..8 ragged
@@ -55,7 +57,7 @@ const GridCase kGrid[] = {
     {F8, 16, 64, 4, 2, 4, true, 8, 700, FU, 1.0f, 1.0f, "fp8_tma", "wide_rows"},
     {F8, 128, 16, 2, 1, 3, true, 4, 300, FU, 1.0f, 1.0f, nullptr, "wide_rows"},
     {BF, 8, 16, 3, 1, 8, true, 1, 400, FU, 1.0f, 1.0f, "bf16_tma", "wide_rows"},
-    {BL, 16, 64, 3, 1, 6, true, 1, 500, FU, 1.0f, 1.0f, "wide_rows", "wide_rows"},
+    {BL, 16, 64, 3, 1, 6, true, 1, 500, FU, 1.0f, 1.0f, "fp8_exact", "wide_rows"},
     {F8, 5, 16, 3, 1, 16, false, 20, 300, FU, 1.0f, 1.0f, "fp8_tma", "wide_rows"},
     // <= 16 rows with several query tokens: the fp8 <= 16-row kernels' multi-token causal path
     // (page 1: the gather kernel, 16 and 64: the TMA kernel)

@@ -170,8 +170,9 @@ __device__ __forceinline__ int bulk_token() {
 
 // The bulk copy of one token (slot from entry_slot_of) into `row`: its ckv (kCkv bytes) and kpe
 // (kKpe bytes) in one copy when the kpe bytes follow the ckv bytes (the PagedLatentCache
-// layout), else in two; they complete on the stage mbarrier `bar` (one arrival per token and
-// phase). A skipped token is zero-filled and flagged 0.
+// layout) or there are none (kKpe = 0: the block format's whole token is kCkv), else in two;
+// they complete on the stage mbarrier `bar` (one arrival per token and phase). A skipped token is
+// zero-filled and flagged 0.
 template <int kCkv, int kKpe>
 __device__ __forceinline__ void bulk_copy_token(const DecodeParams& p, std::int64_t slot,
                                                 std::uint8_t* row, std::uint8_t* flag, void* bar) {
@@ -179,7 +180,7 @@ __device__ __forceinline__ void bulk_copy_token(const DecodeParams& p, std::int6
   *flag = a.ckv != nullptr ? 1 : 0;
   if (a.ckv != nullptr) {
     mbar_arrive_expect_tx(bar, kCkv + kKpe);
-    if (a.kpe == a.ckv + kCkv) {
+    if (kKpe == 0 || a.kpe == a.ckv + kCkv) {
       bulk_copy_to_shared(row, a.ckv, kCkv + kKpe, bar);
     } else {
       bulk_copy_to_shared(row, a.ckv, kCkv, bar);
