@@ -65,6 +65,14 @@ __device__ __forceinline__ void dequantize16(uint4 codes, float scale, std::uint
   dequantize16(codes, scale, d[0], d[1]);
 }
 
+// Two f16x2 words multiplied lane by lane (one rounding; exact for a power-of-two factor whose
+// product stays in fp16's range).
+__device__ __forceinline__ std::uint32_t hmul2(std::uint32_t a, std::uint32_t b) {
+  std::uint32_t d;
+  asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
 // |x| of 8 bf16 values as the bits of a non-negative float (orders like the value; NaN above inf).
 __device__ __forceinline__ std::uint32_t abs_max_bits(uint4 v) {
   const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};

@@ -89,13 +89,6 @@ constexpr bool fits() {
 static_assert(fits<KvFormat::fp8_e4m3>() && fits<KvFormat::fp8_e4m3_block>(),
               "the Q stash fits, and two CTAs and a merge CTA fit an SM");
 
-// Two f16x2 words multiplied lane by lane (one rounding).
-__device__ __forceinline__ std::uint32_t hmul2(std::uint32_t a, std::uint32_t b) {
-  std::uint32_t d;
-  asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-
 // Block `blk`'s copies into `stage` by the TMA engine, one token per bulk copier
 // (ops::bulk_token; page-table `entry` from token_entry_of): cp.async copies of 16 bytes a
 // thread queue in the L1, and the warps wait on them.
@@ -414,8 +407,8 @@ __global__ void __maxnreg__(ops::kMaxRegsTwoCtas) fp8_exact_kernel(const DecodeP
             float2_to_half2(scale_of(tk) * inv_norm, scale_of(tk + 1) * inv_norm);
         const std::uint32_t f89 =
             float2_to_half2(scale_of(tk + 8) * inv_norm, scale_of(tk + 9) * inv_norm);
-        a[0] = hmul2(a[0], f01), a[1] = hmul2(a[1], f01);
-        a[2] = hmul2(a[2], f89), a[3] = hmul2(a[3], f89);
+        a[0] = ops::hmul2(a[0], f01), a[1] = ops::hmul2(a[1], f01);
+        a[2] = ops::hmul2(a[2], f89), a[3] = ops::hmul2(a[3], f89);
       }
       const uint2 x0 = *reinterpret_cast<const uint2*>(v_col + tk * kPitch);
       const uint2 x1 = *reinterpret_cast<const uint2*>(v_col + (tk + 1) * kPitch);
