@@ -151,11 +151,13 @@ def host_i32(x, name, ndim=1):
     np = sys.modules.get("numpy")
     if np is not None and type(x) is np.ndarray and x.dtype == np.int32 and x.ndim == ndim:
         return x.copy()  # the plan path's common case: already a host int32 array
-    torch = torch_module()
+    torch = sys.modules.get("torch")
+    # Engines' host index tensors (replan_step's every call): one copy, no range check needed,
+    # and only the cheapest attribute reads (each torch property costs a few hundred ns).
+    if (torch is not None and type(x) is torch.Tensor and x.dtype is torch.int32 and x.is_cpu
+            and x.ndim == ndim):
+        return x.numpy().copy() if np is not None else x.clone()
     if torch is not None and isinstance(x, torch.Tensor):
-        if x.dtype == torch.int32 and x.device.type == "cpu" and x.dim() == ndim:
-            # The common case (engines' host index tensors): one copy, no range check needed.
-            return x.numpy().copy() if numpy_module() is not None else x.clone()
         t = _torch_i32(x, name, ndim, "cpu")
         np = numpy_module()
         return t.numpy() if np is not None else t
