@@ -13,7 +13,10 @@ replay reads is the wrapper and page-table buffer captured, rewritten by the rep
 init_forward_metadata_out_graph), and spec_info (an object with draft_token_num).
 
 FP8MLA_SGLANG_DEVICE=cuda runs the same tests on the GPU (the device's pools, batches and the
-fp8mla CUDA backend; references on the CPU): scripts/device/gpu_checks.sh's sglang step.
+fp8mla CUDA backend; references on the CPU): scripts/device/gpu_checks.sh's sglang step. There,
+when sgl_kernel is not installed (its wheel is more than a device call carries), a stand-in
+(sgl_kernel_stand_in.py) satisfies the imports SGLang makes of it on CUDA; none of its ops runs
+on the plugin's paths, and one that did would raise.
 """
 
 import importlib.metadata
@@ -24,6 +27,10 @@ import types
 import pytest
 
 torch = pytest.importorskip("torch")
+if os.environ.get("FP8MLA_SGLANG_DEVICE", "cpu") != "cpu":
+    import sgl_kernel_stand_in
+
+    sgl_kernel_stand_in.install()
 sglang = pytest.importorskip("sglang")
 
 import fp8mla  # noqa: E402
