@@ -156,7 +156,7 @@ def host_i32(x, name, ndim=1):
     # and only the cheapest attribute reads (each torch property costs a few hundred ns).
     if (torch is not None and type(x) is torch.Tensor and x.dtype is torch.int32 and x.is_cpu
             and x.ndim == ndim):
-        return x.numpy().copy() if np is not None else x.clone()
+        return x.numpy().copy() if (np or numpy_module()) is not None else x.clone()
     if torch is not None and isinstance(x, torch.Tensor):
         t = _torch_i32(x, name, ndim, "cpu")
         np = numpy_module()
