@@ -21,7 +21,7 @@ struct CudaPlanBuffers {
   std::int32_t num_tiles = 0, num_merge = 0;
   std::int32_t max_splits = 1;  // most splits of any request (picks the merge layout)
 
-  // counts ... sparse lie in one allocation, `arena`, as arena_layout (runtime.cu) places them,
+  // counts ... kv_indices lie in one allocation, `arena`, as arena_layout (runtime.cu) places them,
   // so a stream-ordered replan copies the small arrays and the live tiles in one copy.
   std::uint8_t* arena = nullptr;
   DeviceTile* tiles = nullptr;             // [cap_tiles]

@@ -265,11 +265,12 @@ void set_live_sizes(const PlanState& plan, CudaPlanBuffers& b, const HostArrays&
 
 // Byte offsets of the plan's arrays in its arena (and in each staging slot, laid out alike):
 // the small per-request arrays first, then the tiles, so a replan's first copy covers them and
-// the live tiles; the merge rows, page table and sparse lists after, each copied live. Each
-// array starts on a 64-byte boundary.
+// the live tiles; the merge rows, sparse lists and page table after, each copied live. The page
+// table is last, so a plan that borrows its page table stages up to kv_indices only. Each array
+// starts on a 64-byte boundary.
 struct ArenaLayout {
   std::size_t counts = 0, qo_indptr = 0, num_splits = 0, partial_offset = 0, tiles = 0, merge = 0,
-              kv_indices = 0, sparse = 0, bytes = 0;
+              sparse = 0, kv_indices = 0, bytes = 0;
 };
 
 ArenaLayout arena_layout(const CudaPlanBuffers& b) {
@@ -286,8 +287,8 @@ ArenaLayout arena_layout(const CudaPlanBuffers& b) {
   l.partial_offset = place(b.cap_batch, sizeof(std::int64_t));
   l.tiles = place(b.cap_tiles, sizeof(DeviceTile));
   l.merge = place(b.cap_merge, sizeof(MergeItem));
-  l.kv_indices = place(b.cap_kv_indices, sizeof(std::int32_t));
   l.sparse = place(b.cap_sparse, sizeof(std::int32_t));
+  l.kv_indices = place(b.cap_kv_indices, sizeof(std::int32_t));
   l.bytes = std::max<std::size_t>(at, 64);
   return l;
 }
@@ -302,14 +303,15 @@ void allocate_arena(CudaPlanBuffers& b) {
   b.partial_offset = reinterpret_cast<std::int64_t*>(b.arena + l.partial_offset);
   b.tiles = reinterpret_cast<DeviceTile*>(b.arena + l.tiles);
   b.merge = reinterpret_cast<MergeItem*>(b.arena + l.merge);
-  b.kv_indices = reinterpret_cast<std::int32_t*>(b.arena + l.kv_indices);
   b.sparse = reinterpret_cast<std::int32_t*>(b.arena + l.sparse);
+  b.kv_indices = reinterpret_cast<std::int32_t*>(b.arena + l.kv_indices);
 }
 
 // Graph mode: the pinned staging slots and their events (made once, with the buffers).
 void allocate_staging(CudaPlanBuffers& b, bool borrowed_pages) {
   b.staging_pages = !borrowed_pages;
-  b.staging_bytes = arena_layout(b).bytes;
+  const ArenaLayout l = arena_layout(b);
+  b.staging_bytes = std::max<std::size_t>(b.staging_pages ? l.bytes : l.kv_indices, 64);
   for (int slot = 0; slot < 2; ++slot) {
     void* host = nullptr;
     FP8MLA_CUDA_CHECK(cudaMallocHost(&host, b.staging_bytes));
@@ -414,7 +416,7 @@ void cuda_upload_plan_async(PlanState& plan, void* stream) {
   };
   // One copy for counts ... partial_offset and the live tiles (the capacities' slack between them
   // carries stale slot bytes, which no kernel reads: each reads below the live sizes), then the
-  // live merge rows, page table and sparse lists: one to four copies a replan, not eight.
+  // live merge rows, sparse lists and page table: one to four copies a replan, not eight.
   fill(l.counts, h.counts);
   fill(l.qo_indptr, plan.qo_indptr);
   fill(l.num_splits, plan.num_splits);
@@ -423,12 +425,12 @@ void cuda_upload_plan_async(PlanState& plan, void* stream) {
   copy(0, l.tiles + bytes_of(h.tiles));
   fill(l.merge, h.merge);
   copy(l.merge, bytes_of(h.merge));
+  fill(l.sparse, plan.sparse_indices);
+  copy(l.sparse, bytes_of(plan.sparse_indices));
   if (b.staging_pages) {
     fill(l.kv_indices, plan.kv_indices);
     copy(l.kv_indices, bytes_of(plan.kv_indices));
   }
-  fill(l.sparse, plan.sparse_indices);
-  copy(l.sparse, bytes_of(plan.sparse_indices));
   FP8MLA_CUDA_CHECK(cudaEventRecord(b.staged[slot], s));
   b.staged_pending[slot] = true;
   b.next_slot = 1 - slot;
