@@ -54,11 +54,11 @@ struct Layout {
   static_assert(kSmemBytes <= 227 * 1024, "tile does not fit in shared memory");
 };
 
-// Warpgroup 1's share of a block (72 bytes a thread). Per token, for any page size, layout or
-// sparse list: thread i (0-127) holds tokens 16 (i / 32) + 8 j + i % 8 (j = 0, 1), 16-byte
-// chunks 4 k + i % 32 / 8 (k = 0..8, fp16 panel k); eight consecutive threads read the same 64
-// bytes of 8 tokens and store 8 rows of a panel (conflict-free). Contiguous blocks use the same
-// registers as 36 8-byte units (load_block_units).
+// The producer's (warpgroup 2's) share of a block (72 bytes a thread). Per token, for any page
+// size, layout or sparse list: thread i (0-127) holds tokens 16 (i / 32) + 8 j + i % 8 (j = 0,
+// 1), 16-byte chunks 4 k + i % 32 / 8 (k = 0..8, fp16 panel k); eight consecutive threads read
+// the same 64 bytes of 8 tokens and store 8 rows of a panel (conflict-free). Contiguous blocks
+// use the same registers as 36 8-byte units (load_block_units).
 struct Share {
   uint4 v[2][9];
   bool ok[2];
@@ -140,7 +140,7 @@ __device__ __forceinline__ void store_share(const Share& sh, std::uint8_t* smem,
 }
 
 // The block format (fp8_e4m3_block, 656-byte tokens: 512 codes, four float32 scales of 128 dims
-// each, 64 bf16 rope dims): warpgroup 1's share is the same two tokens a thread as Share's, with
+// each, 64 bf16 rope dims): the producer's share is the same two tokens a thread as Share's, with
 // the same 16-code chunks 4 k + i % 32 / 8 (k = 0..7) and scale i % 32 / 8 of the token (the four
 // lanes of a token, 8 apart, exchange theirs when they convert); the rope is copied by cp.async
 // when the tile is stored, from lines the load asked L2 for: 70 registers a thread (fp8's share
