@@ -121,7 +121,9 @@ constexpr Row kDispatchTable[] = {
   // <= 16 rows, fp8_e4m3 dense with fast scores and a power-of-two ratio: S on fp8 tensor cores.
   {kSm90, kFp8,          kRows16, kDense,          kPagesFrom8,  kPow2, kFast, kAll,        KernelFamily::fp8_tma},
   {kSm90, kFp8,          kRows16, kDense,          kPagesUnder8, kPow2, kFast, kAll,        KernelFamily::fp8_gather},
-  // <= 16 rows, fp8_e4m3 otherwise (sparse lists, exact scores, any ratio) and the block format:
+  // ... and sparse index lists (per-token copies, skipped slots masked by their flags).
+  {kSm90, kFp8,          kRows16, kSparse,         kAll,         kPow2, kFast, kAll,        KernelFamily::fp8_gather},
+  // <= 16 rows, fp8_e4m3 otherwise (exact scores, any ratio) and the block format:
   // fp16 products of the codes as they lie in the staged tokens.
   {kSm90, kFp8 | kBlock, kRows16, kAll,            kAll,         kAll,  kAll,  kAll,        KernelFamily::fp8_exact},
   {kSm90, kBlock,        kRows16, kAll,            kAll,         kAll,  kAll,  kAll,        KernelFamily::wide_rows},

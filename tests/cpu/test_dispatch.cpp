@@ -26,7 +26,9 @@ F previous_rule(KvFormat format, int row_tiles, bool sparse, int page_size, bool
   const F table = row_tiles > 1                 ? F::wide_rows
                   : format == KvFormat::bf16 ? F::shared_tile
                                              : F::fp8_exact;
-  if (sparse) return table;
+  if (sparse)
+    return format == KvFormat::fp8_e4m3 && row_tiles == 1 && pow2 && !exact ? F::fp8_gather
+                                                                             : table;
   if (row_tiles > 1)
     return format == KvFormat::bf16 && page_size >= 64 ? F::bf16_wide_rows : table;
   if (format == KvFormat::bf16)

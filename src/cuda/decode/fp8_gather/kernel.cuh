@@ -1,6 +1,6 @@
-// fp8_gather: fp8_e4m3 tiles of <= 16 rows on dense page tables with pages of < 8 tokens, fast
-// scores and a power-of-two kpe_scale / ckv_scale (src/core/dispatch.h). One CTA an SM: 8 math
-// warps and four producer warps.
+// fp8_gather: fp8_e4m3 tiles of <= 16 rows with fast scores and a power-of-two kpe_scale /
+// ckv_scale, on dense page tables with pages of < 8 tokens and on sparse index lists
+// (src/core/dispatch.cpp). One CTA an SM: 8 math warps and four producer warps.
 //
 // One idea: two block chains in one CTA. A one-token tensor-map box into the swizzled layout
 // faults, so the producer warps (ops::TokenProducer) issue one bulk copy a token into rows of
@@ -186,7 +186,10 @@ __global__ void __maxnreg__(kMaxRegs) fp8_gather_kernel(const __grid_constant__ 
           lo += dc[c][4 * i + 8 + e];
         }
         const int ri = 2 * i + e % 2, tok = tok0 + 8 * (e / 2);
-        const bool ok = j0 + tok < t.kv_end && j0 + tok <= limit[ri];
+        // The token's flag (the byte after its 576, TokenProducer): 0 for a skipped slot (a -1
+        // index, or an entry outside the pool), whose zero-filled row must not score 0.
+        const bool ok =
+            j0 + tok < t.kv_end && j0 + tok <= limit[ri] && kv[tok * kPitch + 576] != 0;
         s[4 * i + e] = ok ? (hi + lo * 0.0625f) * sc[ri] : -INFINITY;
       }
 
