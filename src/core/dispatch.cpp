@@ -123,6 +123,8 @@ constexpr Row kDispatchTable[] = {
   {kSm90, kFp8,          kRows16, kDense,          kPagesUnder8, kPow2, kFast, kAll,        KernelFamily::fp8_gather},
   // ... and sparse index lists (per-token copies, skipped slots masked by their flags).
   {kSm90, kFp8,          kRows16, kSparse,         kAll,         kPow2, kFast, kAll,        KernelFamily::fp8_gather},
+  // <= 16 rows, the block format with fast scores: fp8 tensor-core scores from the gathered rows.
+  {kSm90, kBlock,        kRows16, kAll,            kAll,         kAll,  kFast, kAll,        KernelFamily::fp8_gather},
   // <= 16 rows, fp8_e4m3 otherwise (exact scores, any ratio) and the block format:
   // fp16 products of the codes as they lie in the staged tokens.
   {kSm90, kFp8 | kBlock, kRows16, kAll,            kAll,         kAll,  kAll,  kAll,        KernelFamily::fp8_exact},
@@ -219,7 +221,8 @@ int choose_max_tile_rows(const Problem& p, const PlanOptions& o, const DispatchK
   const KernelFamily capped = requested == KernelFamily::automatic ? first_match(key16)
                               : family_serves(requested, key16)    ? requested
                                                                    : KernelFamily::automatic;
-  if (!needs_pow2_scale_ratio(capped)) return kMaxRowsPerTile;
+  // The cap is measured for fp8_e4m3's fp8-score kernels (the block format's is not).
+  if (p.kv_format != KvFormat::fp8_e4m3 || !needs_pow2_scale_ratio(capped)) return kMaxRowsPerTile;
   const std::int64_t q_per_tile = kCap / p.num_heads;
   std::int64_t tiles = 0, tokens = 0;
   if (o.cuda_graph) {

@@ -26,6 +26,7 @@ F previous_rule(KvFormat format, int row_tiles, bool sparse, int page_size, bool
   const F table = row_tiles > 1                 ? F::wide_rows
                   : format == KvFormat::bf16 ? F::shared_tile
                                              : F::fp8_exact;
+  if (format == KvFormat::fp8_e4m3_block && row_tiles == 1 && !exact) return F::fp8_gather;
   if (sparse)
     return format == KvFormat::fp8_e4m3 && row_tiles == 1 && pow2 && !exact ? F::fp8_gather
                                                                              : table;
@@ -149,10 +150,11 @@ TEST(Dispatch, ForcedFamilyServesOrIsNamed) {
   const DispatchKey bf16_long = key_for(KvFormat::bf16, 16, false, 64, false, false, 5000);
   EXPECT_EQ(detail::choose_family(bf16_long, F::automatic), F::bf16_gather);
   EXPECT_EQ(detail::choose_family(bf16_long, F::bf16_tma), F::bf16_tma);
-  // Rows that only forcing reaches: the block format's <= 16-row tiles on wide_rows and
-  // shared_tile.
+  // Rows that only forcing reaches: the block format's <= 16-row tiles on fp8_exact, wide_rows
+  // and shared_tile.
   const DispatchKey block_small = key_for(KvFormat::fp8_e4m3_block, 8, true, 1, false, false, 0);
-  EXPECT_EQ(detail::choose_family(block_small, F::automatic), F::fp8_exact);
+  EXPECT_EQ(detail::choose_family(block_small, F::automatic), F::fp8_gather);
+  EXPECT_EQ(detail::choose_family(block_small, F::fp8_exact), F::fp8_exact);
   EXPECT_EQ(detail::choose_family(block_small, F::wide_rows), F::wide_rows);
   EXPECT_EQ(detail::choose_family(block_small, F::shared_tile), F::shared_tile);
   // Not covered: wrong format, rows, page size, scores, ratio, device.

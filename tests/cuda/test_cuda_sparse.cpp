@@ -82,12 +82,12 @@ void add_duplicates_and_an_empty_row(test::RandomCase& c) {
 
 // The family the dispatch table gives a sparse plan on sm_90 (fast scores, a power-of-two
 // ratio): the warp-specialized family for tiles of 17-64 rows (one query token a tile: heads,
-// <= 64), fp8_gather for fp8_e4m3 tiles of <= 16, fp8_exact for block tiles of <= 16.
-void expect_sparse_family(const Plan& p, KvFormat f, const std::string& what) {
+// <= 64), fp8_gather for tiles of <= 16.
+void expect_sparse_family(const Plan& p, const std::string& what) {
   if (detail::cuda_compute_capability(0) != 90 || family_forced()) return;
   int rows = 0;
   for (const WorkTile& t : p.tiles()) rows = std::max(rows, t.q_count * t.head_count);
-  const char* want = rows > 16 ? "wide_rows" : f == F8 ? "fp8_gather" : "fp8_exact";
+  const char* want = rows > 16 ? "wide_rows" : "fp8_gather";
   EXPECT_STREQ(p.kernel_name(), want) << what << ", tiles of up to " << rows << " rows";
 }
 
@@ -99,7 +99,7 @@ TEST_P(CudaSparseGrid, MatchesReferenceWithSkippedAndRepeatedSlots) {
   test::RandomCase c = test::make_case(sparse_spec(k, 700 + static_cast<std::uint64_t>(k.heads)));
   add_duplicates_and_an_empty_row(c);
   const std::string what = test::describe(c.spec) + " (repeated slots, an empty row)";
-  expect_sparse_family(plan(c.problem(DeviceKind::cuda)), k.format, what);
+  expect_sparse_family(plan(c.problem(DeviceKind::cuda)), what);
   check_case(c, what);
 }
 

@@ -91,12 +91,21 @@ __device__ __forceinline__ int q_offset(int n, int c) {
                 : kQAt + 4 * kQSlab + n / 8 * 512 + sw64(n % 8, (c - 64) * 8);
 }
 
+// Byte offset of bf16 q rope chunk c (0..7: dims 8 c + [0, 8)) of row n (0..15) in a bf16 B
+// operand at byte kAt: rows of 128 bytes, 128-byte swizzled, 8-row atoms of 1024 bytes.
+template <int kAt>
+__device__ __forceinline__ int q_rope_offset(int n, int c) {
+  return kAt + n / 8 * 1024 + sw128(n % 8, 16 * c);
+}
+
 // Q row q_r (q_v: its 16-byte chunks q_part + 16 i, load_q_chunks, 16 threads a row)
 // as the B operand at byte kQAt of smem: the row's exponent (e4m3_row_scales) from the |q|
 // maxima of its 16 threads, its hi and lo e4m3 terms (split_e4m3; a row holding inf or NaN gets
 // NaN codes, so its outputs are NaN, never a finite guess), and scale[q_r] = scale_nope * 2^-e
-// for the scores.
-template <int kQAt>
+// for the scores. kRopeBf16At >= 0 (caches with a bf16 rope: the block format): the rope is
+// written there instead, as bf16 times the same powers of two (exact), the B operand of a bf16
+// wgmma (16 rows of 128 bytes, 128-byte swizzled: q_rope_offset).
+template <int kQAt, int kRopeBf16At = -1>
 __device__ __forceinline__ void store_q_terms(const DecodeParams& p, const uint4 (&q_v)[5], int q_r,
                                               int q_part, std::uint8_t* smem, float* scale) {
   std::uint32_t mn = 0, mp = 0;  // |q| maxima as float bits (NaN above inf)
@@ -118,6 +127,19 @@ __device__ __forceinline__ void store_q_terms(const DecodeParams& p, const uint4
   for (int i = 0; i < 5; ++i) {
     const int c = q_part + 16 * i;
     if (c >= 72) continue;
+    if (kRopeBf16At >= 0 && c >= 64) {
+      const std::uint32_t w[4] = {q_v[i].x, q_v[i].y, q_v[i].z, q_v[i].w};
+      std::uint32_t o[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 f = bf16x2_to_float2(w[k]);
+        o[k] = bad ? 0x7fc07fc0u
+                   : float2_to_bf16x2(f.x * rs.pe_a * rs.pe_b, f.y * rs.pe_a * rs.pe_b);
+      }
+      *reinterpret_cast<uint4*>(smem + q_rope_offset<kRopeBf16At>(q_r, c - 64)) =
+          make_uint4(o[0], o[1], o[2], o[3]);
+      continue;
+    }
     uint2 hi, lo;
     split_e4m3(q_v[i], c < 64 ? rs.nope : rs.pe_a, c < 64 ? 1.0f : rs.pe_b, hi, lo);
     if (bad) hi = make_uint2(0x7f7f7f7fu, 0x7f7f7f7fu);

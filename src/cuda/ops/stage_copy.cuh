@@ -127,7 +127,9 @@ inline constexpr int kCtaThreads = kThreads + (kGather ? 32 * kProducerWarps : 0
 
 template <int kStages, int kStageBytes, int kPitch, int kCkv, int kKpe, int kReleasers = kThreads>
 struct TokenProducer {
-  static_assert(kPitch > kCkv + kKpe, "the flag byte lands in the padding");
+  // A token's flag: the byte after it in its row's padding, or (rows without padding: the block
+  // format's 656 bytes at a pitch of 656) flags[stage][token], an array run() is given.
+  static constexpr bool kFlagInRow = kPitch > kCkv + kKpe;
   // The producer warps' whole work: the stages' mbarriers (kStages at `full`, kStages at
   // `released`), blocks 0 .. kStages - 1, the CTA barrier after which the math warps wait on the
   // mbarriers (cta_sync), then block blk into stage blk % kStages once block blk - kStages is
@@ -135,7 +137,7 @@ struct TokenProducer {
   // warp, 0..kProducerWarps - 1.
   __device__ static void run(const DecodeParams& p, const DeviceTile& tile, int pwarp, int lane,
                              int n_blocks, std::uint8_t* stages, std::uint8_t* full,
-                             std::uint8_t* released) {
+                             std::uint8_t* released, std::uint8_t* flags = nullptr) {
     const int tok = kProducerLanes * pwarp + lane;
     const bool copier = lane < kProducerLanes;
     std::int32_t e0 = copier ? entry(p, tile, 0, tok) : 0;
@@ -147,8 +149,9 @@ struct TokenProducer {
       if (copier) {
         const int stage = blk % kStages;
         std::uint8_t* row = stages + stage * kStageBytes + tok * kPitch;
+        std::uint8_t* flag = kFlagInRow ? row + kCkv + kKpe : flags + stage * kBlockN + tok;
         bulk_copy_token<kCkv, kKpe>(p, entry_slot_of<kBlockN>(p, tile.tile, blk, e0, tok), row,
-                                    row + kCkv + kKpe, full + 8 * stage);
+                                    flag, full + 8 * stage);
         e0 = e1;
         e1 = entry(p, tile, blk + 2, tok);
       }

@@ -1,6 +1,7 @@
 // fp8_gather: fp8_e4m3 tiles of <= 16 rows with fast scores and a power-of-two kpe_scale /
-// ckv_scale, on dense page tables with pages of < 8 tokens and on sparse index lists
-// (src/core/dispatch.cpp). One CTA an SM: 8 math warps and four producer warps.
+// ckv_scale, on dense page tables with pages of < 8 tokens and on sparse index lists, and
+// block-format (656-byte) tiles of <= 16 rows (src/core/dispatch.cpp). One CTA an SM: 8 math
+// warps and four producer warps.
 //
 // One idea: two block chains in one CTA. A one-token tensor-map box into the swizzled layout
 // faults, so the producer warps (ops::TokenProducer) issue one bulk copy a token into rows of
@@ -10,6 +11,13 @@
 // ldmatrix from the rows, B = Q's e4m3 terms) in chains of three; the online softmax over the
 // warpgroup's four warps; O += P V over all 512 columns (each warp 128 columns as two of
 // fp8_exact's 64-column mappings). The two warpgroups' states meet once, in the epilogue.
+//
+// The block format: rows of 656 bytes (a flag array beside them: the rows have no padding), three
+// stages. S: the 16 code k-steps in one chain per 128-dim scale group, each chain times its
+// tokens' group scale (the rows of S^T are tokens) before the fp32 sum, then the bf16 rope on
+// bf16 wgmma (Q's rope stored as bf16 times the row's power of two: store_q_terms). P V: a
+// warp's 128 columns are one scale group, so its P fragments are multiplied by the tokens'
+// scales over the block's largest (fp16 range) and O carries that largest (o_norm).
 #pragma once
 
 #include <cstdint>
@@ -31,32 +39,41 @@ using namespace ops;
 
 using rows16::kBlockN;
 using rows16::kPElems;
-using rows16::kPitch;
 using rows16::kRows;
-// Four 37 KB stages fit beside Q. S's accumulators: three (s_product), with A loaded a
-// k-step at a time (two k-steps at a time spill).
-inline constexpr int kStages = 4;
 inline constexpr int kChains = 3;
 inline constexpr int kMathThreads = rows16::kThreads;
 inline constexpr int kCtaThreads = ops::kCtaThreads<true>;
 inline constexpr int kMaxRegs = 65536 / kCtaThreads / 8 * 8;
-inline constexpr int kStageBytes = kBlockN * kPitch;
-// Offsets from the 1024-byte-aligned base.
-inline constexpr int kKv = 0;
-inline constexpr int kQ = (kKv + kStages * kStageBytes + 1023) / 1024 * 1024;
-inline constexpr int kP = kQ + kQBytes;                    // [warpgroup][row][kPElems] fp16
-inline constexpr int kRed = kP + 2 * kRows * kPElems * 2;  // [warpgroup][row][warp] float
-inline constexpr int kSum = kRed + 2 * kRows * 4 * 4;      // [warpgroup][row][warp] float
-inline constexpr int kMax1 = kSum + 2 * kRows * 4 * 4;     // [row] warpgroup 1's max (epilogue)
-inline constexpr int kScale = kMax1 + kRows * 4;           // [row] scale_nope * 2^-e
-inline constexpr int kBar = kScale + kRows * 4;
-inline constexpr int kEmpty = kBar + kStages * 8;
-// [16 float4 a thread][128 threads]: warpgroup 1's O for the epilogue, in a region of its own:
-// warpgroup 1 stores it without waiting for warpgroup 0's last block, and no stage is reused
-// (racecheck misses the barrier that orders such reuse here: racecheck_barrier_repro.cu).
-inline constexpr int kXo = (kEmpty + kStages * 8 + 15) / 16 * 16;
-inline constexpr int kSmemBytes = kXo + 16 * 128 * 16 + 1024;
-static_assert(kSmemBytes + 1024 + ops::kMergeCtaSmem <= 228 * 1024, "one CTA and a merge CTA");
+
+// A format's staging and shared-memory map (offsets from the 1024-byte-aligned base). fp8_e4m3:
+// four 37 KB stages fit beside Q. The block format: three 41 KB stages of 656-byte rows (16 mod
+// 128: ldmatrix's 8 rows on 8 bank groups), flags beside them, and Q's bf16 rope.
+template <KvFormat F>
+struct Layout {
+  static constexpr bool kBlock = F == KvFormat::fp8_e4m3_block;
+  static constexpr int kCkv = kBlock ? 656 : 512, kKpe = kBlock ? 0 : 64;
+  static constexpr int kPitch = kBlock ? 656 : rows16::kPitch;
+  static constexpr int kStages = kBlock ? 3 : 4;
+  static constexpr int kStageBytes = kBlockN * kPitch;
+  static constexpr int kKv = 0;
+  static constexpr int kQ = (kKv + kStages * kStageBytes + 1023) / 1024 * 1024;
+  static constexpr int kQRope = kQ + kQBytes;  // block: 16 rows x 128 bytes, bf16, swizzled
+  static constexpr int kP = kQRope + (kBlock ? 2048 : 0);    // [warpgroup][row][kPElems] fp16
+  static constexpr int kRed = kP + 2 * kRows * kPElems * 2;  // [warpgroup][row][warp] float
+  static constexpr int kSum = kRed + 2 * kRows * 4 * 4;      // [warpgroup][row][warp] float
+  static constexpr int kMax1 = kSum + 2 * kRows * 4 * 4;     // [row] warpgroup 1's max (epilogue)
+  static constexpr int kScale = kMax1 + kRows * 4;           // [row] scale_nope * 2^-e
+  static constexpr int kFlags = kScale + kRows * 4;          // block: [stage][token]
+  static constexpr int kBar = (kFlags + (kBlock ? kStages * kBlockN : 0) + 7) / 8 * 8;
+  static constexpr int kEmpty = kBar + kStages * 8;
+  // [16 float4 a thread][128 threads]: warpgroup 1's O for the epilogue, in a region of its own:
+  // warpgroup 1 stores it without waiting for warpgroup 0's last block, and no stage is reused
+  // (racecheck misses the barrier that orders such reuse here: racecheck_barrier_repro.cu).
+  static constexpr int kXo = (kEmpty + kStages * 8 + 15) / 16 * 16;
+  static constexpr int kSmemBytes = kXo + 16 * 128 * 16 + 1024;
+  static_assert(kSmemBytes + 1024 + ops::kMergeCtaSmem <= 228 * 1024, "one CTA and a merge CTA");
+  static_assert(kQRope % 1024 == 0, "the rope operand's swizzle atoms stay aligned");
+};
 
 // The warpgroup's barrier (128 threads; ids 3 and 4: 0 is the CTA's, 1 the math warps', 2 the
 // producers'), from one instruction per warpgroup so ptxas keeps its operands immediate.
@@ -107,7 +124,59 @@ __device__ __forceinline__ void s_product(float (&d)[kChains][16], const std::ui
   }
 }
 
+// The block format's S^T = K Q^T into `total` (zeros on entry): first the rope's 4 bf16 k-steps
+// (bytes 528 + 32 i of the row; B: Q's bf16 rope) straight into total[0..7] (its 16 columns are
+// the hi rows), then the 16 code k-steps in one chain per scale group (group b: steps
+// 4 + 4 b .. 7 + 4 b into d). Once group b's chain is done (the wait before group b + 1's first
+// step) it is added to `total` times its tokens' group-b scales (read from their rows, `scales`:
+// token tok0's four, token tok0 + 8's 8 rows on; d[4 j + 2 m + k] is token tok0 + 8 m). One
+// chain buffer: two spill at this kernel's register cap. Returns with every product complete.
+template <int kPitch>
+__device__ __forceinline__ void s_product_block(float (&total)[16], const std::uint8_t* row,
+                                                const std::uint8_t* scales, std::uint64_t b_ckv,
+                                                std::uint64_t b_rope) {
+  float d[16];
+  std::uint32_t a[2][4];
+  float(&rope)[8] = *reinterpret_cast<float(*)[8]>(&total[0]);
+  auto fold = [&](int b) {
+    wgmma_fence_operand(d);
+    wgmma_fence_operand(total);
+    const float s0 = reinterpret_cast<const float*>(scales)[b];
+    const float s1 = reinterpret_cast<const float*>(scales + 8 * kPitch)[b];
+#pragma unroll
+    for (int e = 0; e < 16; ++e) total[e] += d[e] * (e % 4 < 2 ? s0 : s1);
+  };
+#pragma unroll
+  for (int i = 0; i < 20; ++i) {
+    const int c = i - 4;  // code step c
+    if (i >= 8 && c % 4 == 0) {
+      wgmma_wait<0>();  // group c / 4 - 1 is done
+      fold(c / 4 - 1);
+    } else if (i >= 2) {
+      wgmma_wait<1>();  // step i - 2 is done: its A buffer is free
+    }
+    ldmatrix_x4(a[i % 2], i < 4 ? row + 528 + 32 * i : row + 32 * c);
+    wgmma_fence();  // the A registers (and the accumulators) written above
+    if (i < 4) {
+      wgmma_64x16x16_bf16_rs(rope, a[i % 2], desc_add(b_rope, 32 * i), i > 0);
+    } else {
+      wgmma_64x32x32_e4m3_rs(d, a[i % 2], desc_add(b_ckv, c / 4 * kQSlab + c % 4 * 32),
+                             c % 4 != 0);
+    }
+    wgmma_commit();
+  }
+  wgmma_wait<0>();
+  fold(3);
+}
+
+template <KvFormat F>
 __global__ void __maxnreg__(kMaxRegs) fp8_gather_kernel(const __grid_constant__ DecodeParams p) {
+  using L = Layout<F>;
+  constexpr bool kBlock = L::kBlock;
+  constexpr int kPitch = L::kPitch, kStages = L::kStages, kStageBytes = L::kStageBytes;
+  constexpr int kKv = L::kKv, kQ = L::kQ, kP = L::kP, kRed = L::kRed, kSum = L::kSum;
+  constexpr int kMax1 = L::kMax1, kScale = L::kScale, kBar = L::kBar, kEmpty = L::kEmpty;
+  constexpr int kXo = L::kXo;
   DeviceTile tile;
   if (!ops::load_tile(p, tile)) return;
   std::uint8_t* smem = dynamic_smem_1k();
@@ -117,9 +186,10 @@ __global__ void __maxnreg__(kMaxRegs) fp8_gather_kernel(const __grid_constant__ 
   const int n_blocks = (t.kv_end - t.kv_begin + kBlockN - 1) / kBlockN;
 
   // ---- copies: the producer warps (a stage is released by its warpgroup's 128 threads) ----
-  using Producer = ops::TokenProducer<kStages, kStageBytes, kPitch, 512, 64, 128>;
+  using Producer = ops::TokenProducer<kStages, kStageBytes, kPitch, L::kCkv, L::kKpe, 128>;
   if (warp >= kMathThreads / 32) {
-    Producer::run(p, tile, warp - 8, lane, n_blocks, smem + kKv, smem + kBar, smem + kEmpty);
+    Producer::run(p, tile, warp - 8, lane, n_blocks, smem + kKv, smem + kBar, smem + kEmpty,
+                  smem + L::kFlags);
     return;
   }
   ops::begin_after_previous_kernel();
@@ -129,7 +199,8 @@ __global__ void __maxnreg__(kMaxRegs) fp8_gather_kernel(const __grid_constant__ 
     const int q_r = threadIdx.x / 16, q_part = threadIdx.x % 16;
     uint4 q_v[5];
     ops::load_q_chunks(p, t, tile.q_first, rows, q_r, q_part, q_v);
-    ops::store_q_terms<kQ>(p, q_v, q_r, q_part, smem, reinterpret_cast<float*>(smem + kScale));
+    ops::store_q_terms<kQ, kBlock ? L::kQRope : -1>(p, q_v, q_r, q_part, smem,
+                                                    reinterpret_cast<float*>(smem + kScale));
   }
   Producer::cta_sync();
 
@@ -156,6 +227,10 @@ __global__ void __maxnreg__(kMaxRegs) fp8_gather_kernel(const __grid_constant__ 
   float* red = reinterpret_cast<float*>(smem + kRed) + wg * kRows * 4;
   const std::uint64_t b_ckv = wgmma_desc<128>(smem + kQ, 16, 1024);
   const std::uint64_t b_pe = wgmma_desc<64>(smem + kQ + 4 * kQSlab, 16, 512);
+  [[maybe_unused]] const std::uint64_t b_rope = wgmma_desc<128>(smem + L::kQRope, 16, 1024);
+  // The block format: O is the output over o_norm (the last block's largest scale of the warp's
+  // group: a warp's 128 columns are group wr).
+  float o_norm = 1.0f;
   const int a_row = (16 * wr + lane % 16) * kPitch + 16 * (lane / 16);
   const int v_off = 2 * tq * kPitch + 8 * g;  // token 16 kk + 2 tq, dims 64 (2 wr + h) + 8 g
 
@@ -164,34 +239,57 @@ __global__ void __maxnreg__(kMaxRegs) fp8_gather_kernel(const __grid_constant__ 
     mbar_wait(smem + kBar + 8 * stage, (blk / kStages) % 2);  // block blk landed
     const std::uint8_t* kv = smem + kKv + stage * kStageBytes;
 
-    // ---- S^T = K Q^T: all 18 k-steps ----
-    float dc[kChains][16];
-    s_product(dc, kv + a_row, b_ckv, b_pe);
-    wgmma_commit();
-    wgmma_wait<0>();
-#pragma unroll
-    for (int c = 0; c < kChains; ++c) wgmma_fence_operand(dc[c]);
+    // ---- S^T = K Q^T: all 18 k-steps (the block format: 16 and the rope's 4) ----
     // d[4 j + e]: n-tile j (j = 0, 1: hi of rows 8 j + 2 tq (+ 1); 2, 3: their lo), e = 2 m + k:
     // token tok0 + 8 m, row + k. s[4 i + e]: row 8 i + 2 tq + k, token tok0 + 8 m.
+    float d[16];
+    if constexpr (kBlock) {
+#pragma unroll
+      for (int e = 0; e < 16; ++e) d[e] = 0.0f;
+      s_product_block<kPitch>(d, kv + a_row, kv + tok0 * kPitch + 512, b_ckv, b_rope);
+    } else {
+      float dc[kChains][16];
+      s_product(dc, kv + a_row, b_ckv, b_pe);
+      wgmma_commit();
+      wgmma_wait<0>();
+#pragma unroll
+      for (int c = 0; c < kChains; ++c) wgmma_fence_operand(dc[c]);
+#pragma unroll
+      for (int e = 0; e < 16; ++e) {
+        d[e] = dc[0][e];
+#pragma unroll
+        for (int c = 1; c < kChains; ++c) d[e] += dc[c][e];
+      }
+    }
     const int j0 = t.kv_begin + blk * kBlockN;
+    // A token's flag: 0 for a skipped slot (a -1 index, or an entry outside the pool), whose
+    // zero-filled row must not score 0 (TokenProducer: the byte after its 576, or the flags).
+    auto present = [&](int tok) {
+      return (kBlock ? smem[L::kFlags + stage * kBlockN + tok] : kv[tok * kPitch + 576]) != 0;
+    };
     float s[8];
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float hi = dc[0][4 * i + e], lo = dc[0][4 * i + 8 + e];
-#pragma unroll
-        for (int c = 1; c < kChains; ++c) {
-          hi += dc[c][4 * i + e];
-          lo += dc[c][4 * i + 8 + e];
-        }
+        const float hi = d[4 * i + e], lo = d[4 * i + 8 + e];
         const int ri = 2 * i + e % 2, tok = tok0 + 8 * (e / 2);
-        // The token's flag (the byte after its 576, TokenProducer): 0 for a skipped slot (a -1
-        // index, or an entry outside the pool), whose zero-filled row must not score 0.
-        const bool ok =
-            j0 + tok < t.kv_end && j0 + tok <= limit[ri] && kv[tok * kPitch + 576] != 0;
+        const bool ok = j0 + tok < t.kv_end && j0 + tok <= limit[ri] && present(tok);
         s[4 * i + e] = ok ? (hi + lo * 0.0625f) * sc[ri] : -INFINITY;
       }
+    // The block format: the largest scale of the warp's group among the block's tokens.
+    float blk_norm = 1.0f;
+    if constexpr (kBlock) {
+      auto scale = [&](int tok) {
+        return *reinterpret_cast<const float*>(kv + tok * kPitch + 512 + 4 * wr);
+      };
+      float m = fmaxf(scale(lane), scale(lane + 32));
+#pragma unroll
+      for (int x = 16; x >= 1; x /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, x));
+      blk_norm = m > 0.0f ? m : o_norm;
+    }
+    const float to_block = kBlock ? o_norm / blk_norm : 1.0f;
+    o_norm = blk_norm;
 
       // ---- the block's row maxima over the warpgroup, P, the running sums, O rescaled ----
 #pragma unroll
@@ -222,8 +320,8 @@ __global__ void __maxnreg__(kMaxRegs) fp8_gather_kernel(const __grid_constant__ 
       const float base = mx == -INFINITY ? 0.0f : mx;
       const float alpha = fast_exp2(max_o[h] - base);
       max_o[h] = mx;
-      ops::rescale_rows(o[0], h, alpha);
-      ops::rescale_rows(o[1], h, alpha);
+      ops::rescale_rows(o[0], h, alpha * to_block);
+      ops::rescale_rows(o[1], h, alpha * to_block);
     }
     wg_sync(wg);
 
@@ -232,6 +330,19 @@ __global__ void __maxnreg__(kMaxRegs) fp8_gather_kernel(const __grid_constant__ 
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       std::uint32_t a[4];
       ldmatrix_x4(a, p_s + (lane % 16) * kPElems + 16 * kk + (lane / 16) * 8);
+      if constexpr (kBlock) {
+        // P's columns tk, tk + 1 (a[0], a[1]) and tk + 8, tk + 9 (a[2], a[3]) times the tokens'
+        // group-wr scales over blk_norm (<= 1: fp16's range).
+        const int tk = 16 * kk + 2 * tq;
+        const float inv = 1.0f / blk_norm;
+        auto scale = [&](int tok) {
+          return *reinterpret_cast<const float*>(kv + tok * kPitch + 512 + 4 * wr) * inv;
+        };
+        const std::uint32_t f01 = float2_to_half2(scale(tk), scale(tk + 1));
+        const std::uint32_t f89 = float2_to_half2(scale(tk + 8), scale(tk + 9));
+        a[0] = ops::hmul2(a[0], f01), a[1] = ops::hmul2(a[1], f01);
+        a[2] = ops::hmul2(a[2], f89), a[3] = ops::hmul2(a[3], f89);
+      }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const std::uint8_t* v = kv + v_off + 16 * kk * kPitch + 64 * (2 * wr + h);
@@ -245,7 +356,15 @@ __global__ void __maxnreg__(kMaxRegs) fp8_gather_kernel(const __grid_constant__ 
   }
 
   // ---- epilogue: each warpgroup's row sums; warpgroup 1's O and maxima to warpgroup 0, which
-  // merges the two states and writes the rows ----
+  // merges the two states and writes the rows (the block format: O in output units first) ----
+  if constexpr (kBlock) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) o[h][n][c] *= o_norm;
+  }
   float* sums = reinterpret_cast<float*>(smem + kSum);
 #pragma unroll
   for (int ri = 0; ri < 4; ++ri) {

@@ -1,0 +1,11 @@
+// fp8_gather for fp8_e4m3 caches (576-byte tokens, per-tensor scales).
+#include "src/cuda/decode/fp8_gather/kernel.cuh"
+#include "src/cuda/decode/launch_table.h"
+
+namespace fp8mla::detail::fp8_gather {
+
+KernelEntry fp8_e4m3() {
+  return {&fp8_gather_kernel<KvFormat::fp8_e4m3>, Layout<KvFormat::fp8_e4m3>::kSmemBytes, kCtaThreads};
+}
+
+}  // namespace fp8mla::detail::fp8_gather
