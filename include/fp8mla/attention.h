@@ -97,9 +97,11 @@ enum class KernelFamily : std::uint8_t {
   cpu_fast,       // CPU: threaded float32 tiles
   cpu_reference,  // CPU: the float64 reference (PlanOptions::cpu_reference chooses it too)
   shared_tile,    // CUDA: bf16 tile in shared memory, mma.sync (block format, sparse bf16)
-  fp8_exact,      // CUDA: fp8_e4m3 <= 16 rows, fp16 products (exact_scores, sparse, any ratio)
+  fp8_exact,      // CUDA: fp8_e4m3 and block format <= 16 rows, fp16 products (exact_scores,
+                  // any ratio)
   fp8_tma,        // CUDA: fp8_e4m3 <= 16 rows, fp8 tensor cores, tensor-map copies (pages >= 8)
-  fp8_gather,     // CUDA: fp8_e4m3 <= 16 rows, fp8 tensor cores, per-token copies (pages < 8)
+  fp8_gather,     // CUDA: fp8_e4m3 (pages < 8, sparse) and block format <= 16 rows, fp8 tensor
+                  // cores, per-token copies
   bf16_tma,       // CUDA: bf16 <= 16 rows, tensor-map copies
   bf16_gather,    // CUDA: bf16 <= 16 rows, per-token copies
   wide_rows,      // CUDA: fp8_e4m3 and bf16 17-64 rows, warp-specialized wgmma

@@ -469,6 +469,35 @@ TEST(CudaDecodeSplit, LongTilesAtLargePagesMatchReference) {
   }
 }
 
+// A long block-format tile on every SM at once. fp8_gather's three stages go to both warpgroups
+// in turn, and a warpgroup must not wait on a stage's mbarrier two phases ahead: that reads a
+// block still in flight, which shows only under full load (launch failures or moving results,
+// now and then; never in the small cases above). One run against the reference, then 30
+// launches that must repeat it bit for bit (without the wait, one of three runs failed).
+TEST(CudaDecodeSplit, BlockFormatLongTilesOnEverySmRepeatExactly) {
+  SKIP_WITHOUT_GPU();
+  int sms = 0;
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  test::ProblemSpec s = decode_spec(BL, 8, 64, 3000, 3200, 93);
+  s.batch = sms;
+  PlanOptions o;
+  o.min_chunk_tokens = 4096;
+  o.kernel_family = KernelFamily::fp8_gather;
+  test::RandomCase c = test::make_case(s);
+  const Plan p = plan(c.problem(DeviceKind::cuda), o);
+  EXPECT_STREQ(p.kernel_name(), "fp8_gather");
+  const std::vector<std::uint16_t> first = check_case(c, "block format on every SM", o);
+  DeviceBuffer cache(c.cache), q(c.q);
+  DeviceOutput d(c, 0);
+  const RunArgs args = device_args(c, cache, q, d);
+  for (int i = 0; i < 30; ++i) {
+    d.poison_all();
+    run(p, args);
+    detail::cuda_synchronize(0);
+    ASSERT_EQ(first, d.out.to_host<std::uint16_t>()) << "launch " << i << " differs";
+  }
+}
+
 TEST(CudaDecodeSparse, TopkWithSkippedEntries) {
   SKIP_WITHOUT_GPU();
   const struct {

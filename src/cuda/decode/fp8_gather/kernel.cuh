@@ -236,6 +236,12 @@ __global__ void __maxnreg__(kMaxRegs) fp8_gather_kernel(const __grid_constant__ 
 
   for (int blk = wg; blk < n_blocks; blk += 2) {
     const int stage = blk % kStages;
+    // An odd stage count (the block format's three) gives a stage's blocks to both warpgroups in
+    // turn: block blk - kStages, the stage's previous one, is the other warpgroup's and may not
+    // have landed yet, and a parity wait two phases ahead returns at once (it reads as the phase
+    // before). Its release first, then block blk's parity is the stage's next one.
+    if (kStages % 2 != 0 && blk >= kStages)
+      mbar_wait(smem + kEmpty + 8 * stage, (blk / kStages - 1) % 2);
     mbar_wait(smem + kBar + 8 * stage, (blk / kStages) % 2);  // block blk landed
     const std::uint8_t* kv = smem + kKv + stage * kStageBytes;
 
