@@ -3,7 +3,7 @@
 # out of time loses only the last ones). Records are packed into $OUT/records.tgz (a call brings
 # back at most 8 files).
 #
-# Steps (default: all, in this order):
+# Steps (default: all, in the order of the list below but for stress, which runs after memcheck):
 #   tests               the GPU suite as the dispatch table chooses, then the block format's tests
 #                       on shared_tile and on wide_rows (<= 16 rows served when forced)
 #   memcheck            compute-sanitizer memcheck over the bad-input, sparse and large-pool tests
@@ -25,6 +25,9 @@
 #   peers               the peer benchmark (bench/peers) when FlashInfer's carry came along
 #   traces              CUDA traces of the three strategies, as tests/audit/traces/cuda holds them
 #   sanitize_portable   memcheck and racecheck of the portable kernels on a small grid
+#   stress              the dense and sparse benches at 8-16 heads (every <= 16-row family at
+#                       full load, where a stage race shows now and then; memcheck serializes
+#                       it away), STRESS_ROUNDS times (default 3): any CUDA error or mismatch
 #
 # Run from the repo root on the device with the binaries carried in .device_carry/bin
 # (fp8mla_tests, fp8mla, and libsimdjson.so.* which the command links). LIMIT: seconds the
@@ -36,7 +39,7 @@ bin=${BIN:-.device_carry/bin}
 export LD_LIBRARY_PATH=$PWD/$bin:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 t=$bin/fp8mla_tests
 f=$bin/fp8mla
-steps=${STEPS:-tests memcheck portable sparse bench python port sglang step peers traces sanitize_portable}
+steps=${STEPS:-tests memcheck stress portable sparse bench python port sglang step peers traces sanitize_portable}
 left() { echo $((${LIMIT:-580} - SECONDS)); }
 section() { echo "== $* ($(left) s left)"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
@@ -149,7 +152,23 @@ for step in $steps; do
       section "sanitizers (portable)"
       sanitize memcheck "$small" FP8MLA_KERNEL_FAMILY=portable
       sanitize racecheck "$small" FP8MLA_KERNEL_FAMILY=portable ;;
-    *) echo "unknown step '$step' (steps: tests memcheck portable sparse bench python port sglang step peers traces sanitize_portable)"; exit 2 ;;
+    stress)
+      section "stress: dense and sparse benches at 8-16 heads"
+      for r in $(seq "${STRESS_ROUNDS:-3}"); do
+        [ "$(left)" -lt 60 ] && { echo "stress stopped after $((r - 1)) rounds"; break; }
+        for mode in dense sparse; do
+          if [ $mode = dense ]; then
+            a="--quick --no-baselines --heads 8,16"
+          else
+            a="--sparse --heads 8,16 --batch 64,128 --topk 2048 --page-size 1,64 --qo-len 1,2"
+          fi
+          timeout 60 "$f" bench $a --no-progress --format fp8_e4m3,fp8_e4m3_block \
+            > "$out/stress.txt" 2>&1
+          echo "round $r $mode: rc=$? $(grep -E 'rror|FAIL|mismatch' "$out/stress.txt" | head -2)"
+        done
+      done
+      rm -f "$out/stress.txt" ;;
+    *) echo "unknown step '$step' (steps: tests memcheck portable sparse bench python port sglang step peers traces sanitize_portable stress)"; exit 2 ;;
   esac
 done
 # Only what this call wrote (a name tar cannot find fails the whole pack).
