@@ -94,6 +94,22 @@ __device__ __forceinline__ void wgmma_fence_operand(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+// The fp8-score kernels' S, issued as kChains accumulator chains (fp8 wgmma keeps its sums to
+// ~13 bits, so chains stay short): commit the last step, wait for every product, then sum the
+// chains in fp32 into d.
+template <int kChains>
+__device__ __forceinline__ void sum_chains(float (&dc)[kChains][16], float (&d)[16]) {
+  wgmma_commit();
+  wgmma_wait<0>();
+#pragma unroll
+  for (int c = 0; c < kChains; ++c) wgmma_fence_operand(dc[c]);
+#pragma unroll
+  for (int e = 0; e < 16; ++e) {
+    d[e] = dc[0][e];
+#pragma unroll
+    for (int c = 1; c < kChains; ++c) d[e] += dc[c][e];
+  }
+}
 // Generic-proxy shared-memory writes (st.shared) made visible to wgmma's async proxy; before the
 // barrier that publishes them.
 __device__ __forceinline__ void fence_proxy_async() {

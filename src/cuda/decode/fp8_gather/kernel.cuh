@@ -256,16 +256,7 @@ __global__ void __maxnreg__(kMaxRegs) fp8_gather_kernel(const __grid_constant__ 
     } else {
       float dc[kChains][16];
       s_product(dc, kv + a_row, b_ckv, b_pe);
-      wgmma_commit();
-      wgmma_wait<0>();
-#pragma unroll
-      for (int c = 0; c < kChains; ++c) wgmma_fence_operand(dc[c]);
-#pragma unroll
-      for (int e = 0; e < 16; ++e) {
-        d[e] = dc[0][e];
-#pragma unroll
-        for (int c = 1; c < kChains; ++c) d[e] += dc[c][e];
-      }
+      sum_chains(dc, d);
     }
     const int j0 = t.kv_begin + blk * kBlockN;
     // A token's flag: 0 for a skipped slot (a -1 index, or an entry outside the pool), whose

@@ -149,17 +149,8 @@ __global__ void __maxnreg__(ops::kMaxRegsTwoCtas)
     wgmma_fence();
     const std::uint32_t so = stage * kStageBytes;
     s_product(dc, desc_add(a_ckv, so), desc_add(a_pe, so), b_ckv, b_pe);
-    wgmma_commit();
-    wgmma_wait<0>();
     float d[16];
-#pragma unroll
-    for (int c = 0; c < kChains; ++c) wgmma_fence_operand(dc[c]);
-#pragma unroll
-    for (int e = 0; e < 16; ++e) {
-      d[e] = dc[0][e];
-#pragma unroll
-      for (int c = 1; c < kChains; ++c) d[e] += dc[c][e];
-    }
+    sum_chains(dc, d);
     // hi + lo / 16; half i = 0: rows 2 tq (+ 1), i = 1: rows 8 + 2 tq (+ 1); entries (tok0, r),
     // (tok0, r + 1), (tok0 + 8, r), (tok0 + 8, r + 1).
     float half[2][4];
