@@ -108,17 +108,17 @@ __device__ __forceinline__ void next_block(const Copier& runs, const DecodeParam
 }
 
 // The gather families' copies (pages of < 8 tokens, where a one-token box into the swizzled
-// layout faults, and bf16's long tiles at any page size): four producer
-// warps beside the kThreads math threads, lanes 0-15 of producer warp w copying tokens 16 w + lane
-// of each block, one bulk copy a token (bulk_copy_token: kCkv + kKpe bytes) into a
+// layout faults; sparse lists; the block format; bf16's long tiles at any page size): four
+// producer warps beside the kThreads math threads, lanes 0-15 of producer warp w copying tokens
+// 16 w + lane of each block, one bulk copy a token (bulk_copy_token: kCkv + kKpe bytes) into a
 // kPitch-byte row of a kStageBytes stage; a token past the tile's end or skipped is zero-filled,
-// so P V reads zeros there, and flagged 0 in the byte after it (the row's padding), which the
-// scores' mask reads. ptxas issues a bulk copy once per active lane through the uniform datapath: issued by
-// the math warps, that loop sits on their chain, and one producer warp issues too slowly for the
-// copies; two or four keep the copies at their rate alone. A stage completes on its full mbarrier
-// (kBlockN arrivals, one a token) and is released by the kReleasers math threads that read it
-// (each thread arrives: with lane 0 arriving for its warp after a __syncwarp, racecheck reports
-// the copies against the other lanes' reads).
+// so P V reads zeros there, and flagged 0 (TokenProducer: where its flag lies), which the
+// scores' mask reads. ptxas issues a bulk copy once per active lane through the uniform
+// datapath: issued by the math warps, that loop sits on their chain, and one producer warp
+// issues too slowly for the copies; two or four keep the copies at their rate alone. A stage
+// completes on its full mbarrier (kBlockN arrivals, one a token) and is released by the
+// kReleasers math threads that read it (each thread arrives: with lane 0 arriving for its warp
+// after a __syncwarp, racecheck reports the copies against the other lanes' reads).
 inline constexpr int kProducerWarps = 4;
 inline constexpr int kProducerLanes = kBlockN / kProducerWarps;
 static_assert(kProducerLanes <= 32, "a token a producer lane");
