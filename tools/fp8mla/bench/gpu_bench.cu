@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "tools/fp8mla/strategies/strategies_cuda.h"
+#include "tools/fp8mla/bench/case_error.h"
 #include "tools/fp8mla/bench/gpu_bench.h"
 #include "tools/fp8mla/bench/gpu_bench_result.h"
 #include "tools/fp8mla/bench/gpu_bench_util.cuh"
@@ -347,10 +348,12 @@ void run_dense_grid(cudaStream_t s, std::uint8_t* pool, std::size_t pool_bytes,
     for (int ps : pss)
       for (const Shape& sh : shapes)
         for (int qo : qos) {
-          if (o.progress)
-            std::fprintf(stderr, "[%d/%d] bs=%d heads=%d ctx=%d qo=%d page=%d %s\n", ++done, total,
-                         sh.bs, sh.heads, sh.ctx, qo, ps, format_name(f));
-          for (CaseResult& r : runner.run(sh.bs, sh.heads, sh.ctx, qo, ps, f)) all.push_back(r);
+          const std::string label = msg("bs=", sh.bs, " heads=", sh.heads, " ctx=", sh.ctx,
+                                        " qo=", qo, " page=", ps, " ", format_name(f));
+          if (o.progress) std::fprintf(stderr, "[%d/%d] %s\n", ++done, total, label.c_str());
+          for (CaseResult& r : run_named_case(
+                   label, [&] { return runner.run(sh.bs, sh.heads, sh.ctx, qo, ps, f); }))
+            all.push_back(r);
         }
   }
   // qo: query tokens a request (1: decode; more: causal MTP / speculative verify).

@@ -16,6 +16,7 @@
 #include "fp8mla/error.h"
 #include "src/core/check.h"
 #include "src/cuda/cuda_check.h"
+#include "tools/fp8mla/bench/case_error.h"
 #include "tools/fp8mla/bench/gpu_bench_util.cuh"
 #include "tools/fp8mla/bench/sparse_bench.cuh"
 #include "tools/fp8mla/bench/sparse_grid.h"
@@ -295,12 +296,11 @@ bool run_sparse_grid(const BenchMemory& m, const GpuBenchOptions& o, std::vector
       filled = c.format;
       any = true;
     }
-    if (o.progress) {
-      std::fprintf(stderr, "[%d/%zu] sparse k=%d bs=%d heads=%d qo=%d page=%d %s\n", ++done,
-                   cases.size(), c.topk, c.batch, c.heads, c.qo_len, c.page_size,
-                   format_name(c.format));
-    }
-    rows.push_back(runner.run(c));
+    const std::string label = msg("sparse k=", c.topk, " bs=", c.batch, " heads=", c.heads,
+                                  " qo=", c.qo_len, " page=", c.page_size, " ",
+                                  format_name(c.format));
+    if (o.progress) std::fprintf(stderr, "[%d/%zu] %s\n", ++done, cases.size(), label.c_str());
+    rows.push_back(run_named_case(label, [&] { return runner.run(c); }));
   }
   bool ok = true;
   std::printf("\n%-5s %-4s %-5s %-3s %-4s %-9s %-14s %9s %8s %8s %7s %8s %7s %9s\n", "topk", "bs",
