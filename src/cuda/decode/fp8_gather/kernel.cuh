@@ -244,6 +244,10 @@ __global__ void __maxnreg__(kMaxRegs) fp8_gather_kernel(const __grid_constant__ 
       mbar_wait(smem + kEmpty + 8 * stage, (blk / kStages - 1) % 2);
     mbar_wait(smem + kBar + 8 * stage, (blk / kStages) % 2);  // block blk landed
     const std::uint8_t* kv = smem + kKv + stage * kStageBytes;
+    // The block format: token tok's scale of group wr, the scale group of the warp's 128 columns.
+    [[maybe_unused]] auto group_scale = [&](int tok) {
+      return *reinterpret_cast<const float*>(kv + tok * kPitch + 512 + 4 * wr);
+    };
 
     // ---- S^T = K Q^T: all 18 k-steps (the block format: 16 and the rope's 4) ----
     // d[4 j + e]: n-tile j (j = 0, 1: hi of rows 8 j + 2 tq (+ 1); 2, 3: their lo), e = 2 m + k:
@@ -277,10 +281,7 @@ __global__ void __maxnreg__(kMaxRegs) fp8_gather_kernel(const __grid_constant__ 
     // The block format: the largest scale of the warp's group among the block's tokens.
     float blk_norm = 1.0f;
     if constexpr (kBlock) {
-      auto scale = [&](int tok) {
-        return *reinterpret_cast<const float*>(kv + tok * kPitch + 512 + 4 * wr);
-      };
-      float m = fmaxf(scale(lane), scale(lane + 32));
+      float m = fmaxf(group_scale(lane), group_scale(lane + 32));
 #pragma unroll
       for (int x = 16; x >= 1; x /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, x));
       blk_norm = m > 0.0f ? m : o_norm;
@@ -332,9 +333,7 @@ __global__ void __maxnreg__(kMaxRegs) fp8_gather_kernel(const __grid_constant__ 
         // group-wr scales over blk_norm (<= 1: fp16's range).
         const int tk = 16 * kk + 2 * tq;
         const float inv = 1.0f / blk_norm;
-        auto scale = [&](int tok) {
-          return *reinterpret_cast<const float*>(kv + tok * kPitch + 512 + 4 * wr) * inv;
-        };
+        auto scale = [&](int tok) { return group_scale(tok) * inv; };
         const std::uint32_t f01 = float2_to_half2(scale(tk), scale(tk + 1));
         const std::uint32_t f89 = float2_to_half2(scale(tk + 8), scale(tk + 9));
         a[0] = ops::hmul2(a[0], f01), a[1] = ops::hmul2(a[1], f01);

@@ -5,7 +5,8 @@
 namespace fp8mla::detail::fp8_gather {
 
 KernelEntry fp8_e4m3() {
-  return {&fp8_gather_kernel<KvFormat::fp8_e4m3>, Layout<KvFormat::fp8_e4m3>::kSmemBytes, kCtaThreads};
+  return {&fp8_gather_kernel<KvFormat::fp8_e4m3>, Layout<KvFormat::fp8_e4m3>::kSmemBytes,
+          kCtaThreads};
 }
 
 }  // namespace fp8mla::detail::fp8_gather
