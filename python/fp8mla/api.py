@@ -83,7 +83,7 @@ def _problem_args(qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, page_size
                   sm_scale, kv_format, causal, topk, sparse_indices, device, host_pages=False,
                   causal_len=None, q_dtype="bf16", out_dtype="bf16", borrowed_kv_indices=None):
     """The Problem argument of _ext.plan / replan / plan_context_parallel /
-    replan_context_parallel, one tuple converted once for all (_ext.cpp fill_problem's order).
+    replan_context_parallel, one tuple converted once for all (_ext_args.h fill_problem's order).
     kv_indices stays on the plan's GPU when it is there (page_table), unless host_pages (context
     parallelism shards it on the host). borrowed_kv_indices (then kv_indices is None) is passed
     as it is: the plan reads that array at every run (fp8mla::Problem::borrowed_kv_indices)."""
