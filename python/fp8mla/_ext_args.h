@@ -100,31 +100,27 @@ TensorView view_of(const Array& a, const std::string& name) {
 class Args {
  public:
   TensorView in(const nb::handle& obj, const std::string& name) {
-    if (obj.is_none()) return {};
-    ArrayRo a;
-    if (!nb::try_cast(obj, a, false))
-      throw nb::type_error((name +
-                            ": expected an array or tensor with DLPack support (numpy, "
-                            "torch, cupy), got " +
-                            std::string(nb::type_name(obj.type()).c_str()))
-                               .c_str());
-    ro_.push_back(a);
-    return view_of(ro_.back(), name);
+    return keep(obj, name, "an array or tensor", ro_);
   }
   TensorView out(const nb::handle& obj, const std::string& name) {
-    if (obj.is_none()) return {};
-    ArrayRw a;
-    if (!nb::try_cast(obj, a, false))
-      throw nb::type_error((name +
-                            ": expected a writable array or tensor with DLPack support "
-                            "(numpy, torch, cupy), got " +
-                            std::string(nb::type_name(obj.type()).c_str()))
-                               .c_str());
-    rw_.push_back(a);
-    return view_of(rw_.back(), name);
+    return keep(obj, name, "a writable array or tensor", rw_);
   }
 
  private:
+  template <class Array>
+  TensorView keep(const nb::handle& obj, const std::string& name, const char* what,
+                  std::vector<Array>& kept) {
+    if (obj.is_none()) return {};
+    Array a;
+    if (!nb::try_cast(obj, a, false))
+      throw nb::type_error((name + ": expected " + what +
+                            " with DLPack support (numpy, torch, cupy), got " +
+                            std::string(nb::type_name(obj.type()).c_str()))
+                               .c_str());
+    kept.push_back(a);
+    return view_of(kept.back(), name);
+  }
+
   std::vector<ArrayRo> ro_;
   std::vector<ArrayRw> rw_;
 };

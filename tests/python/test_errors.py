@@ -363,3 +363,21 @@ def test_wrapper_pool_size_is_not_sticky_after_a_failed_run():
     w.plan(**good())  # plans again
     out = w.run(**a)  # the right cache (10 pages) runs
     assert out.shape == (2, HEADS, 512)
+
+
+def test_module_names_an_argument_that_is_not_an_array_or_not_writable():
+    # The binding's own check (python/fp8mla/_ext_args.h, Args): a TypeError naming the argument
+    # and what it is, for an input and for an output; the output is left as it was.
+    from fp8mla import _fp8mla
+    with pytest.raises(TypeError, match=r"^x: expected an array or tensor with DLPack support "
+                                        r"\(numpy, torch, cupy\), got str$"):
+        _fp8mla.fp8_e4m3_decode("abc", None)
+    ro = np.full(4, 7.0, np.float32)
+    ro.setflags(write=False)
+    with pytest.raises(TypeError, match=r"^out: expected a writable array or tensor with DLPack "
+                                        r"support \(numpy, torch, cupy\), got ndarray$"):
+        _fp8mla.fp8_e4m3_decode(np.zeros(4, np.uint8), ro)
+    assert (ro == 7.0).all()
+    out = np.full(4, 7.0, np.float32)
+    _fp8mla.fp8_e4m3_decode(np.array([0x38, 0x00, 0xB8, 0x40], np.uint8), out)
+    assert out.tolist() == [1.0, 0.0, -1.0, 2.0]
