@@ -30,6 +30,7 @@ namespace fp8mla::ext_args {
 
 namespace nb = nanobind;
 
+// The library's types by short name, here and in _ext.cpp (which uses this namespace).
 using fp8mla::DeviceKind;
 using fp8mla::DType;
 using fp8mla::Error;
