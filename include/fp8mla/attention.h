@@ -131,9 +131,10 @@ struct PlanOptions {
   int min_chunk_tokens = 64;   // never split a request's context finer than this
   int num_threads = 0;         // CPU backend threads; 0 = std::thread::hardware_concurrency()
   bool cpu_reference = false;  // CPU: run the float64 reference instead of the fast path
-  // CUDA, fp8_e4m3 caches, dense tiles of <= 16 rows: false (default) computes the scores on fp8
-  // tensor cores straight from the cache bytes, the fastest path; Hopper's fp8 accumulator keeps
-  // 13 mantissa bits, so scores carry ~2e-4 of their magnitude (output ~1e-3 relative at scores
+  // CUDA, FP8 caches (fp8_e4m3 and the block format), tiles of <= 16 rows, dense and sparse: false
+  // (default) computes the scores on fp8 tensor cores straight from the cache bytes, the fastest
+  // path (the dispatch table's fp8_tma and fp8_gather rows); Hopper's fp8 accumulator keeps 13
+  // mantissa bits, so scores carry ~2e-4 of their magnitude (output ~1e-3 relative at scores
   // ~50). true converts K to fp16 first (exact products, fp32 sums), slower where the cache read
   // bounds the time (docs/design/numerics.md has both paths' errors and costs).
   bool exact_scores = false;

@@ -68,7 +68,7 @@ class BatchMLAPagedAttentionWrapper:
         "trtllm-gen", ...) raise NotImplementedError; an unknown name raises ValueError.
     Keyword-only fp8mla extras: ``num_pages`` (pool size; default: learned from the cache passed
         to the first run()), ``num_threads`` (CPU threads, 0 = all cores), ``exact_scores`` (CUDA
-        fp8_e4m3: keep the scores off the fp8 tensor cores; README "Numerics"),
+        FP8 caches: keep the scores off the fp8 tensor cores; README "Numerics"),
         ``any_scale_ratio`` (CUDA fp8_e4m3: plan kernels that take any kpe_scale / ckv_scale;
         without it, an eager wrapper re-plans with it at the first run() whose ratio is not a
         power of two, as FlashInfer takes any ratio, and a graph-mode one raises ValueError
