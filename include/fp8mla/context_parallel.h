@@ -45,8 +45,9 @@ struct ContextShard {
 // Errors (invalid_argument): world < 1, rank outside [0, world), a sparse problem (its indices are
 // global slots: shard them by filtering instead), a full problem that already has a causal_len
 // (shards of shards are not supported), a page table on the device (device_kv_indices: shards are
-// cut on the host) or borrowed (borrowed_kv_indices: each shard holds its own copy), and plan()'s
-// validation of the scalars and index arrays (offsets from 0, non-decreasing, kv_indptr ending at
+// cut on the host) or borrowed (borrowed_kv_indices: each shard holds its own copy), out_dtype
+// other than bf16 (run_context_parallel merges the ranks' rows in bf16), and plan()'s validation of
+// the scalars and index arrays (offsets from 0, non-decreasing, kv_indptr ending at
 // kv_indices.size(), kv_len within the pages listed, causal qo_len <= kv_len, the row bound), with
 // arguments named "problem.<field>". The page ids are not checked here: the full table may list
 // other ranks' pages by their pools' ids; each shard's plan() checks the ones it holds.

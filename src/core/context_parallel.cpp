@@ -29,8 +29,10 @@ void shard_context(const Problem& full, int rank, int world, ContextShard& shard
           "context parallelism shards the page table on the host: give kv_indices");
   require(!full.borrowed_kv_indices.defined(), "problem.borrowed_kv_indices",
           "context parallelism copies each rank's share of the page table: give kv_indices");
-  require(!full.borrowed_kv_indices.defined(), "problem.borrowed_kv_indices",
-          "context parallelism shards the page table on the host: give kv_indices");
+  // run_context_parallel() merges the ranks' rows with merge_states(), which writes bf16.
+  require(full.out_dtype == DType::bf16, "problem.out_dtype",
+          "context parallelism merges bf16 outputs: expected bf16, got ",
+          dtype_name(full.out_dtype));
   require(full.causal_len.empty(), "problem.causal_len",
           "is what shard_context sets; shard the full problem, not a shard");
   // plan()'s checks of everything read below (offsets from 0, non-decreasing and within

@@ -198,6 +198,29 @@ TEST(ContextParallel, RejectsWhatItCannotShard) {
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "problem.causal_len") << e.what();
   }
+  // Outputs other than bf16 (the merge writes bf16), and a borrowed page table (each rank keeps
+  // its own share): errors naming them at plan time, not at the first run.
+  Problem f16_out = c.problem();
+  f16_out.out_dtype = DType::f16;
+  try {
+    shard_context(f16_out, 0, 2, shard);
+    FAIL() << "f16 outputs accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "problem.out_dtype") << e.what();
+    EXPECT_NE(std::string(e.what()).find("f16"), std::string::npos) << e.what();
+  }
+  std::vector<std::int32_t> borrowed_table(c.kv_indices.begin(), c.kv_indices.end());
+  Problem borrowed = c.problem();
+  borrowed.borrowed_kv_indices =
+      make_view(borrowed_table.data(), DType::i32,
+                {static_cast<std::int64_t>(borrowed_table.size())}, DeviceKind::cpu);
+  borrowed.kv_indices = {};
+  try {
+    shard_context(borrowed, 0, 2, shard);
+    FAIL() << "a borrowed page table accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "problem.borrowed_kv_indices") << e.what();
+  }
   test::ProblemSpec sp;
   sp.topk = 16;
   test::RandomCase cs = test::make_case(sp);
