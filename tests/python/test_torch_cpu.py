@@ -54,3 +54,25 @@ def test_index_tensors_are_checked_and_converted():
                          (torch.tensor([1, 2**31]), "kv_indices: values .* do not fit in int32")]:
         with pytest.raises(ValueError, match=message):
             fp8mla.plan(qo, kvp, kvi, kl, **kw)
+
+
+def test_graph_buffers_take_host_index_arrays():
+    """copy_into, which fills a graph-mode wrapper's constructor buffers at every plan(): a host
+    int32 numpy array into a torch buffer (its fast path) writes the first len(src) entries and
+    nothing else; the buffer's own memory is left as it is; a short buffer is a ValueError
+    naming the argument."""
+    import numpy as np
+
+    from fp8mla._tensors import copy_into
+    dst = torch.full((8,), -5, dtype=torch.int32)
+    copy_into(dst, np.array([3, 1, 4], np.int32), "kv_indptr")
+    assert dst.tolist() == [3, 1, 4, -5, -5, -5, -5, -5]
+    copy_into(dst, torch.tensor([9, 9], dtype=torch.int32), "kv_indptr")  # the generic path
+    assert dst.tolist() == [9, 9, 4, -5, -5, -5, -5, -5]
+    own = dst.numpy()[:4]  # the same memory: a no-op
+    copy_into(dst, own, "kv_indices")
+    assert dst.tolist() == [9, 9, 4, -5, -5, -5, -5, -5]
+    with pytest.raises(ValueError, match="^kv_len_arr: the CUDA graph buffer .* holds 2 entries, "
+                                         "fewer than the 3 planned"):
+        copy_into(dst[:2], np.zeros(3, np.int32), "kv_len_arr")
+    assert dst.tolist() == [9, 9, 4, -5, -5, -5, -5, -5]
