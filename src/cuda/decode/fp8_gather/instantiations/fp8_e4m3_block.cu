@@ -5,8 +5,8 @@
 namespace fp8mla::detail::fp8_gather {
 
 KernelEntry fp8_e4m3_block() {
-  return {&fp8_gather_kernel<KvFormat::fp8_e4m3_block>, Layout<KvFormat::fp8_e4m3_block>::kSmemBytes,
-          kCtaThreads};
+  return {&fp8_gather_kernel<KvFormat::fp8_e4m3_block>,
+          Layout<KvFormat::fp8_e4m3_block>::kSmemBytes, kCtaThreads};
 }
 
 }  // namespace fp8mla::detail::fp8_gather
