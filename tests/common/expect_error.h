@@ -1,5 +1,6 @@
 // expect_error(): a call must throw fp8mla::Error with a given code whose message contains given
-// words (the argument's name, the offending value, the bound). Shared by the CPU and GPU suites.
+// words (the argument's name, the offending value, the bound); error_of(): the Error a call
+// throws, for tests that check its fields. Shared by the CPU and GPU suites.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -32,6 +33,18 @@ inline void expect_error(const std::function<void()>& f, std::initializer_list<c
   }
   ADD_FAILURE() << "no fp8mla::Error thrown (expected one naming "
                 << (needles.size() > 0 ? *needles.begin() : "?") << ")";
+}
+
+// Calls f and returns the fp8mla::Error it throws; a failure when it throws none (the returned
+// Error then names "(none)").
+inline Error error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e;
+  }
+  ADD_FAILURE() << "expected an fp8mla::Error";
+  return Error(ErrorCode::internal, "(none)", "no error was thrown");
 }
 
 }  // namespace fp8mla::test

@@ -19,6 +19,7 @@
 #include "fp8mla/error.h"
 #include "fp8mla/format.h"
 #include "src/core/backend.h"
+#include "tests/common/expect_error.h"
 
 namespace fp8mla {
 namespace {
@@ -37,16 +38,7 @@ CacheConfig make_config(KvFormat format, std::int64_t num_pages, int page_size,
   return c;
 }
 
-// Runs `call` and returns the Error it throws; fails the test if it throws nothing.
-Error error_of(const std::function<void()>& call) {
-  try {
-    call();
-  } catch (const Error& e) {
-    return e;
-  }
-  ADD_FAILURE() << "expected an fp8mla::Error";
-  return Error(ErrorCode::internal, "(none)", "no error was thrown");
-}
+using test::error_of;
 
 std::vector<std::uint8_t> snapshot(const PagedLatentCache& cache) {
   const TensorView s = cache.storage();
@@ -156,47 +148,6 @@ std::vector<float> decode_of_encode(KvFormat f, float scale, std::span<const flo
   std::vector<float> y(kDimQk);
   decode_token(f, scale, bytes, y);
   return y;
-}
-
-// The tensor views the cache hands out (src/core/tensor.cpp), tested here because the cache is
-// their first user.
-TEST(CacheTensorView, MakeViewAndDescribe) {
-  std::vector<std::uint16_t> buf(2 * 3 * 4);
-  const TensorView t = make_view(buf.data(), DType::bf16, {2, 3, 4});
-  EXPECT_EQ(t.ndim, 3);
-  EXPECT_EQ(t.stride, (std::array<std::int64_t, 4>{12, 4, 1, 0}));
-  EXPECT_EQ(t.numel(), 24);
-  EXPECT_TRUE(t.is_contiguous());
-  EXPECT_EQ(t.describe(), "bf16[2, 3, 4] strides [12, 4, 1] on cpu");
-  const TensorView s =
-      make_strided_view(buf.data(), DType::fp8_e4m3, {2, 3}, {8, 1}, DeviceKind::cuda, 1);
-  EXPECT_FALSE(s.is_contiguous());
-  EXPECT_EQ(s.numel(), 6);
-  EXPECT_EQ(s.describe(), "fp8_e4m3[2, 3] strides [8, 1] on cuda:1");
-  EXPECT_EQ(TensorView{}.numel(), 0);  // an undefined (optional, left out) tensor holds nothing
-  EXPECT_EQ(make_view(buf.data(), DType::f32, {}).numel(), 1);
-  EXPECT_EQ(make_view(buf.data(), DType::f32, {5, 0}).numel(), 0);
-  EXPECT_EQ(error_of([&] {
-              make_view(buf.data(), DType::u8, {1, 2, 3, 4, 5});
-            }).argument(),
-            "shape");
-  EXPECT_EQ(error_of([&] { make_view(buf.data(), DType::u8, {2, -1}); }).argument(), "shape[1]");
-  EXPECT_EQ(error_of([&] {
-              make_strided_view(buf.data(), DType::u8, {2, 2}, {-2, 1});
-            }).argument(),
-            "stride[0]");
-  EXPECT_EQ(error_of([&] {
-              make_strided_view(buf.data(), DType::u8, {2, 2}, {1});
-            }).argument(),
-            "stride");
-  const std::array<std::size_t, 6> sizes = {1, 4, 4, 2, 2, 1};
-  const std::array<const char*, 6> names = {"u8", "i32", "f32", "bf16", "f16", "fp8_e4m3"};
-  for (int d = 0; d < 6; ++d) {
-    EXPECT_EQ(dtype_size(static_cast<DType>(d)), sizes[d]);
-    EXPECT_STREQ(dtype_name(static_cast<DType>(d)), names[d]);
-  }
-  EXPECT_STREQ(device_name(DeviceKind::cpu), "cpu");
-  EXPECT_STREQ(device_name(DeviceKind::cuda), "cuda");
 }
 
 TEST(Cache, BadConfigNamesTheField) {

@@ -19,20 +19,13 @@
 #include "fp8mla/error.h"
 #include "src/core/context_parallel_run.h"
 #include "src/core/nccl.h"
+#include "tests/common/expect_error.h"
 #include "tests/common/test_util.h"
 
 namespace fp8mla {
 namespace {
 
-// The argument an Error from fn() names, or "(no error)".
-std::string error_argument(const auto& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.argument();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 PlanOptions reference_options() {
   PlanOptions o;
@@ -212,14 +205,14 @@ TEST(ContextParallel, RejectsWhatItCannotShard) {
   // its own share): errors naming them at plan time, not at the first run.
   Problem f16_out = c.problem();
   f16_out.out_dtype = DType::f16;
-  EXPECT_EQ(error_argument([&] { shard_context(f16_out, 0, 2, shard); }), "problem.out_dtype");
+  EXPECT_EQ(error_of([&] { shard_context(f16_out, 0, 2, shard); }).argument(), "problem.out_dtype");
   std::vector<std::int32_t> borrowed_table(c.kv_indices.begin(), c.kv_indices.end());
   Problem borrowed = c.problem();
   borrowed.borrowed_kv_indices =
       make_view(borrowed_table.data(), DType::i32,
                 {static_cast<std::int64_t>(borrowed_table.size())}, DeviceKind::cpu);
   borrowed.kv_indices = {};
-  EXPECT_EQ(error_argument([&] { shard_context(borrowed, 0, 2, shard); }),
+  EXPECT_EQ(error_of([&] { shard_context(borrowed, 0, 2, shard); }).argument(),
             "problem.borrowed_kv_indices");
   test::ProblemSpec sp;
   sp.topk = 16;
@@ -244,16 +237,16 @@ TEST(ContextParallel, RejectsWhatItCannotShard) {
 
 TEST(ContextParallel, NcclCommChecksItsRankBeforeJoining) {
   const NcclId id{};
-  EXPECT_EQ(error_argument([&] { NcclComm(id, 0, 0, 0); }), "world");
-  EXPECT_EQ(error_argument([&] { NcclComm(id, 2, 2, 0); }), "rank");
-  EXPECT_EQ(error_argument([&] { NcclComm(id, -1, 2, 0); }), "rank");
-  EXPECT_EQ(error_argument([&] { (void)NcclComm::borrow(nullptr, 0); }), "nccl_comm");
+  EXPECT_EQ(error_of([&] { NcclComm(id, 0, 0, 0); }).argument(), "world");
+  EXPECT_EQ(error_of([&] { NcclComm(id, 2, 2, 0); }).argument(), "rank");
+  EXPECT_EQ(error_of([&] { NcclComm(id, -1, 2, 0); }).argument(), "rank");
+  EXPECT_EQ(error_of([&] { (void)NcclComm::borrow(nullptr, 0); }).argument(), "nccl_comm");
 }
 
 TEST(ContextParallel, AnEmptyPlanIsAnError) {
   const ContextParallelPlan empty;
-  EXPECT_EQ(error_argument([&] { run_context_parallel(empty, RunArgs{}); }), "plan");
-  EXPECT_EQ(error_argument([&] { (void)empty.local(); }), "plan");
+  EXPECT_EQ(error_of([&] { run_context_parallel(empty, RunArgs{}); }).argument(), "plan");
+  EXPECT_EQ(error_of([&] { (void)empty.local(); }).argument(), "plan");
 }
 
 // A library that is not NCCL, or no library, is reported with its path and the way to name one.
