@@ -40,8 +40,8 @@ struct Problem {
   std::int64_t num_pages = 0;  // pages in the pool (bound for kv_indices)
   KvFormat kv_format = KvFormat::fp8_e4m3;
   // Query and output element types: bf16 on every backend; f16 (FlashInfer's fp16 queries and
-  // outputs) on the CPU backend only (a CUDA plan reports Error(unsupported) naming it: the CUDA
-  // kernels take bf16).
+  // outputs) on the CPU backend, and f16 outputs on CUDA too (a CUDA plan of f16 queries reports
+  // Error(unsupported) naming q_dtype: the CUDA kernels take bf16 queries).
   DType q_dtype = DType::bf16;
   DType out_dtype = DType::bf16;
   bool causal = true;
@@ -218,7 +218,7 @@ class Plan {
 // Validates `problem` and builds the plan. Errors (all invalid_argument unless noted), each
 // naming the argument, index and bound: num_heads outside 1..128; page_size not a power of two
 // in 1..128; num_pages outside [1, 2^31 - 1]; q_dtype / out_dtype other than bf16 or f16 (f16
-// on CUDA: code unsupported); sm_scale not finite or outside (0, kMaxSmScale]; qo_indptr empty,
+// queries on CUDA: code unsupported); sm_scale not finite or outside (0, kMaxSmScale]; qo_indptr empty,
 // kv_indptr of the wrong length, either not starting at 0 or decreasing; kv_indptr[batch] !=
 // kv_indices.size(); kv_indices (or device_kv_indices: also its dtype, shape, device, and given
 // with kv_indices) outside the pool; borrowed_kv_indices of another dtype or device, not

@@ -56,8 +56,9 @@ struct DecodeParams {
   const std::uint8_t* kpe;
   std::int64_t kpe_page_stride, kpe_token_stride;
 
-  __nv_bfloat16* out;  // [total_q, H, 512]
+  __nv_bfloat16* out;  // [total_q, H, 512]: bf16, or fp16 (2-byte elements alike) when out_f16
   std::int64_t out_stride[2];
+  bool out_f16;
   float* lse;  // [total_q, H] or null
   std::int64_t lse_stride[2];
   float* partial_o;    // [partial_rows, 512]
@@ -84,8 +85,9 @@ struct MergeParams {
   int num_heads;
   const float* partial_o;
   const float* partial_lse;
-  __nv_bfloat16* out;
+  __nv_bfloat16* out;  // bf16, or fp16 when out_f16
   std::int64_t out_stride[2];
+  bool out_f16;
   float* lse;
   std::int64_t lse_stride[2];
 };

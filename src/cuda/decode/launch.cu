@@ -160,6 +160,7 @@ void cuda_run(PlanState& plan, const RunArgs& args) {
   p.out = static_cast<__nv_bfloat16*>(args.out.data);
   p.out_stride[0] = args.out.stride[0];
   p.out_stride[1] = args.out.stride[1];
+  p.out_f16 = args.out.dtype == DType::f16;
   p.lse = args.lse.defined() ? static_cast<float*>(args.lse.data) : nullptr;
   if (p.lse != nullptr) {
     p.lse_stride[0] = args.lse.stride[0];

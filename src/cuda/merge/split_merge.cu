@@ -19,6 +19,7 @@ void launch_split_merge(const PlanState& plan, const CudaPlanBuffers& b, const D
     m.partial_o = b.partial_o;
     m.partial_lse = b.partial_lse;
     m.out = p.out;
+    m.out_f16 = p.out_f16;
     m.out_stride[0] = p.out_stride[0];
     m.out_stride[1] = p.out_stride[1];
     m.lse = p.lse;

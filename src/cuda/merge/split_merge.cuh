@@ -9,6 +9,7 @@
 
 #include "src/cuda/decode_params.h"
 #include "src/cuda/merge/nan_max.cuh"
+#include "src/cuda/ops/epilogue.cuh"
 #include "src/cuda/ops/sync.cuh"
 
 namespace fp8mla::detail::merge {
@@ -109,8 +110,8 @@ __global__ void __launch_bounds__(kMergeThreads) split_merge_kernel(const MergeP
   const std::int64_t token = p.qo_indptr[it.request] + it.row / p.num_heads;
   const std::int64_t head = it.row % p.num_heads;
   __nv_bfloat16* dst = p.out + token * p.out_stride[0] + head * p.out_stride[1] + col;
-  *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(o.x * inv, o.y * inv);
-  *reinterpret_cast<__nv_bfloat162*>(dst + 2) = __floats2bfloat162_rn(o.z * inv, o.w * inv);
+  ops::store_out2(dst, p.out_f16, o.x * inv, o.y * inv);
+  ops::store_out2(dst + 2, p.out_f16, o.z * inv, o.w * inv);
   if (p.lse != nullptr && blockIdx.y == 0 && tid == 0) {
     p.lse[token * p.lse_stride[0] + head * p.lse_stride[1]] = total > 0.0f    ? mx + logf(total)
                                                               : total == 0.0f ? -INFINITY

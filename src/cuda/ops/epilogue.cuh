@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cmath>
 #include <cstdint>
@@ -12,6 +13,17 @@
 #include "src/cuda/ops/tile.cuh"
 
 namespace fp8mla::detail::ops {
+
+// Two adjacent output elements at dst from fp32: bf16, or fp16 when f16 (the plan's out dtype;
+// both round to nearest even, fp16 to +-inf past its range as a cast does). Both conversions
+// are made and their bits selected: a branch here (or one around an epilogue's loop) cost
+// fp8_tma's epilogue a spilled register; the select leaves every kernel's registers as they are.
+__device__ __forceinline__ void store_out2(__nv_bfloat16* dst, bool f16, float a, float b) {
+  const __nv_bfloat162 x = __floats2bfloat162_rn(a, b);
+  const __half2 y = __floats2half2_rn(a, b);
+  *reinterpret_cast<std::uint32_t*>(dst) = f16 ? reinterpret_cast<const std::uint32_t&>(y)
+                                               : reinterpret_cast<const std::uint32_t&>(x);
+}
 
 // Output scale (out_scale / l) and lse (natural log) of a finished row with log2-domain max m and
 // sum l. l == 0: the row saw nothing (o = 0, lse = -inf); l NaN: a NaN in the cache reached the
@@ -41,10 +53,8 @@ __device__ __forceinline__ void write_row(const DecodeParams& p, const WorkTile&
     __nv_bfloat16* dst = p.out + token * p.out_stride[0] + head * p.out_stride[1] + col0;
 #pragma unroll
     for (int n = 0; n < 8; n += 2) {
-      *reinterpret_cast<__nv_bfloat162*>(dst + n) =
-          __floats2bfloat162_rn(o[n][2 * h] * inv, o[n + 1][2 * h] * inv);
-      *reinterpret_cast<__nv_bfloat162*>(dst + 8 + n) =
-          __floats2bfloat162_rn(o[n][2 * h + 1] * inv, o[n + 1][2 * h + 1] * inv);
+      store_out2(dst + n, p.out_f16, o[n][2 * h] * inv, o[n + 1][2 * h] * inv);
+      store_out2(dst + 8 + n, p.out_f16, o[n][2 * h + 1] * inv, o[n + 1][2 * h + 1] * inv);
     }
     if (p.lse != nullptr && warp == 0 && tq == 0)
       p.lse[token * p.lse_stride[0] + head * p.lse_stride[1]] = lse;
@@ -87,8 +97,8 @@ __device__ __forceinline__ void store_rows(const DecodeParams& p, const DeviceTi
       for (int c = 0; c < 4; ++c)
 #pragma unroll
         for (int n = 0; n < 8; ++n)
-          *reinterpret_cast<__nv_bfloat162*>(dst + 64 * c + 8 * n) = __floats2bfloat162_rn(
-              o[c][4 * n + 2 * h] * end.inv, o[c][4 * n + 2 * h + 1] * end.inv);
+          store_out2(dst + 64 * c + 8 * n, p.out_f16, o[c][4 * n + 2 * h] * end.inv,
+                     o[c][4 * n + 2 * h + 1] * end.inv);
       if (p.lse != nullptr && group == 0 && tq == 0)
         p.lse[token * p.lse_stride[0] + head * p.lse_stride[1]] = end.lse;
     } else {

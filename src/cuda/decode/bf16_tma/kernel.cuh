@@ -260,8 +260,8 @@ __device__ __forceinline__ void decode_tile(const DecodeParams& p) {
       __nv_bfloat16* dst = p.out + token * p.out_stride[0] + head * p.out_stride[1] + col0;
 #pragma unroll
       for (int n = 0; n < 8; ++n)
-        *reinterpret_cast<__nv_bfloat162*>(dst + 8 * n) =
-            __floats2bfloat162_rn(st.o[n][2 * h] * end.inv, st.o[n][2 * h + 1] * end.inv);
+        ops::store_out2(dst + 8 * n, p.out_f16, st.o[n][2 * h] * end.inv,
+                        st.o[n][2 * h + 1] * end.inv);
       if (p.lse != nullptr && warp == 0 && tq == 0)
         p.lse[token * p.lse_stride[0] + head * p.lse_stride[1]] = end.lse;
     } else {

@@ -356,11 +356,10 @@ __device__ __forceinline__ void write_row(const DecodeParams& p, const WorkTile&
       if constexpr (kPermuted) {
 #pragma unroll
         for (int k = 0; k < 2; ++k)
-          *reinterpret_cast<__nv_bfloat162*>(dst + col(n, k)) =
-              __floats2bfloat162_rn(o[n][2 * h + k] * inv, o[n + 1][2 * h + k] * inv);
+          ops::store_out2(dst + col(n, k), p.out_f16, o[n][2 * h + k] * inv,
+                          o[n + 1][2 * h + k] * inv);
       } else {
-        *reinterpret_cast<__nv_bfloat162*>(dst + col(n, 0)) =
-            __floats2bfloat162_rn(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
+        ops::store_out2(dst + col(n, 0), p.out_f16, o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
       }
     }
     if (p.lse != nullptr && warp == 0 && tq == 0)

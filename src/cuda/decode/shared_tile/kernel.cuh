@@ -477,8 +477,7 @@ __global__ void __launch_bounds__(kThreads, Smem<F, MT>::kMinBlocks)
         __nv_bfloat16* dst = p.out + token * p.out_stride[0] + head * p.out_stride[1];
 #pragma unroll
         for (int n = 0; n < 8; ++n)
-          *reinterpret_cast<__nv_bfloat162*>(dst + col0 + 8 * n) =
-              __floats2bfloat162_rn(o[m][n][2 * h] * inv, o[m][n][2 * h + 1] * inv);
+          store_out2(dst + col0 + 8 * n, p.out_f16, o[m][n][2 * h] * inv, o[m][n][2 * h + 1] * inv);
         if (p.lse != nullptr && warp == 0 && lane % 4 == 0)
           p.lse[token * p.lse_stride[0] + head * p.lse_stride[1]] = lse;
       } else {
