@@ -39,9 +39,9 @@ struct Problem {
   int page_size = 1;           // power of two, 1..128
   std::int64_t num_pages = 0;  // pages in the pool (bound for kv_indices)
   KvFormat kv_format = KvFormat::fp8_e4m3;
-  // Query and output element types: bf16 on every backend; f16 (FlashInfer's fp16 queries and
-  // outputs) on the CPU backend, and f16 outputs on CUDA too (a CUDA plan of f16 queries reports
-  // Error(unsupported) naming q_dtype: the CUDA kernels take bf16 queries).
+  // Query and output element types, bf16 or f16 (FlashInfer's fp16 queries and outputs), on
+  // every backend. The CPU backend multiplies f16 queries as given; the CUDA kernels round them
+  // to bf16 as they load them (2^-9 relative at most, the precision of their bf16 products).
   DType q_dtype = DType::bf16;
   DType out_dtype = DType::bf16;
   bool causal = true;

@@ -285,20 +285,17 @@ def unsupported(name, what):
     return NotImplementedError(f"{name}: {what}")
 
 
-def q_dtype_of(q_data_type, device_kind):
-    """"bf16" or "f16" for a FlashInfer q_data_type; f16 runs on the CPU backend only."""
+def q_dtype_of(q_data_type):
+    """"bf16" or "f16" for a FlashInfer q_data_type (f16 on both backends; the CUDA kernels round
+    fp16 queries to bf16 as they load them)."""
     q = dtype_name(q_data_type)
     if q in ("bfloat16", "uint16"):
         return "bf16"
     if q == "float16":
-        if device_kind == "cuda":
-            raise unsupported(
-                "q_data_type", "torch.float16 queries run on fp8mla's CPU backend only; its CUDA "
-                "kernels take bfloat16 (convert q to bfloat16, or plan on the CPU)")
         return "f16"
     if q == "float8_e4m3fn":
         raise unsupported("q_data_type", "FP8 queries are not supported; fp8mla reads the FP8 "
-                           "cache with bfloat16 (or, on the CPU, float16) queries")
+                           "cache with bfloat16 or float16 queries")
     raise ValueError(f"q_data_type: expected torch.bfloat16 or torch.float16, got {q_data_type}")
 
 
@@ -425,7 +422,7 @@ def plan_contract(device_kind, legacy_flat, *, head_dim_ckv, head_dim_kpe, page_
                            f"part (NoPE, 0, is not supported), got {head_dim_kpe}")
     if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size <= 0:
         raise ValueError(f"page_size: must be a positive int, got {page_size!r}")
-    q_dtype = q_dtype_of(q_data_type, device_kind)
+    q_dtype = q_dtype_of(q_data_type)
     fmt = kv_format_of(kv_data_type, kv_format)
     out_name = dtype_name(output_dtype) if output_dtype is not None else dtype_name(
         q_data_type)

@@ -134,13 +134,6 @@ void validate_scalars(const Problem& p) {
   require(p.device == DeviceKind::cpu || p.device == DeviceKind::cuda, "device",
           "unknown DeviceKind value ", static_cast<int>(p.device));
   require(p.device_id >= 0, "device_id", p.device_id, " must be >= 0");
-  // The CUDA kernels load bf16 queries (f16 queries run on the CPU backend only) and store bf16
-  // or f16 rows.
-  if (p.device == DeviceKind::cuda && p.q_dtype != DType::bf16) {
-    throw Error(ErrorCode::unsupported, "q_dtype",
-                msg(dtype_name(p.q_dtype),
-                    " queries are computed by the CPU backend only; CUDA plans take bf16"));
-  }
 }
 
 void validate_arrays(const Problem& p, const PlanOptions& o, bool page_ids) {

@@ -45,10 +45,13 @@ struct DecodeParams {
   float scale_pe;    // multiplies q_pe . kpe:  sm_scale * log2(e) * kpe_scale (fp8_e4m3)
   float out_scale;   // multiplies the output: ckv_scale for fp8_e4m3, else 1
 
-  const __nv_bfloat16* q_nope;  // [total_q, H, 512], strides in elements below
+  // [total_q, H, 512] and [total_q, H, 64], strides in elements: bf16, or fp16 (2-byte elements
+  // alike) when q_f16, which the families round to bf16 as they load a chunk (ops::q_as_bf16).
+  const __nv_bfloat16* q_nope;
   std::int64_t q_nope_stride[2];
-  const __nv_bfloat16* q_pe;  // [total_q, H, 64]
+  const __nv_bfloat16* q_pe;
   std::int64_t q_pe_stride[2];
+  bool q_f16;
   // Cache halves as bytes: token (page p, offset o) starts at base + p*page_stride +
   // o*token_stride. fp8_e4m3_block: ckv is the whole 656-byte token and kpe is unused.
   const std::uint8_t* ckv;

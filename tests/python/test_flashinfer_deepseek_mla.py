@@ -4,8 +4,9 @@ the decoded cache, causal mask aligned to the end of the context, LSE in base 2)
 
 Differences, each forced by what fp8mla is:
   * dtype: FlashInfer's grid runs torch.half for q and the cache. fp8mla stores bf16 / FP8
-    caches, so "half" here is fp16 queries and outputs over a bf16 cache (fp16 is CPU-only), at
-    FlashInfer's fp16 tolerances; "bf16" is bf16 throughout at a bf16 tolerance (rtol = atol =
+    caches, so "half" here is fp16 queries and outputs over a bf16 cache, at FlashInfer's fp16
+    tolerances on the CPU and at the bf16 tolerance on the GPU (its kernels round fp16 queries to
+    bf16 and multiply P in bf16); "bf16" is bf16 throughout at a bf16 tolerance (rtol = atol =
     1e-2, FlashInfer's own bf16 bound in its cutlass test).
   * backend: FlashInfer parametrises fa2 / fa3; both select the same fp8mla path, so "fa2" only.
   * grids: the full products (up to 13,824 cases of up to 21 x 17 x 64 rows over 8,736 tokens)
@@ -13,9 +14,8 @@ Differences, each forced by what fp8mla is:
     drawn with a fixed seed so a failure reproduces, over cases below PORT_WORK of
     rows x tokens) and the sample is printed. Every parameter value of the grids still appears.
   * NoPE (head_dim_kpe = 0): FlashInfer supports it, fp8mla refuses it (NotImplementedError).
-  * FP8 tests (FlashInfer: fa3 on SM90 only): fp8mla's CPU backend runs them; fp16 queries over
-    an FP8 cache are accepted on the CPU (FlashInfer refuses them), so the fp16-q test checks the
-    CUDA-side refusal only where fp8mla would plan on a GPU.
+  * FP8 tests (FlashInfer: fa3 on SM90 only): fp8mla runs them on both backends; fp16 queries
+    over an FP8 cache are computed (FlashInfer refuses them), so that test checks the answer.
 """
 
 import inspect
@@ -32,7 +32,7 @@ import fp8mla  # noqa: E402
 import fp8mla.mla  # noqa: E402
 
 # FP8MLA_PORT_DEVICE=cuda runs the port on the GPU (the device run): tensors are made there
-# through torch's default device; the fp16 cases skip there (fp16 is CPU-only in fp8mla).
+# through torch's default device.
 DEVICE = torch.device(os.environ.get("FP8MLA_PORT_DEVICE", "cpu"))
 
 
@@ -40,17 +40,15 @@ DEVICE = torch.device(os.environ.get("FP8MLA_PORT_DEVICE", "cpu"))
 def on_device(request):
     if DEVICE.type == "cuda" and not (torch.cuda.is_available() and fp8mla.cuda_available()):
         pytest.skip("FP8MLA_PORT_DEVICE=cuda needs a CUDA device and fp8mla's CUDA backend")
-    c = getattr(request.node, "callspec", None)
-    if DEVICE.type == "cuda" and c is not None and c.params.get("c", {}).get("dtype") == "half":
-        pytest.skip("fp16 queries are computed by fp8mla's CPU backend only")
     with DEVICE:
         yield
 PORT_SAMPLE = int(os.environ.get("FP8MLA_PORT_SAMPLE", "6"))
 PORT_WORK = 1.5e7  # rows (query tokens x heads) x kv tokens per sampled case
 
 # (q dtype, cache dtype, rtol, atol): see the module docstring.
+HALF_TOL = 1e-3 if DEVICE.type == "cpu" else 1e-2
 DTYPES = {
-    "half": (torch.float16, torch.bfloat16, 1e-3, 1e-3),
+    "half": (torch.float16, torch.bfloat16, HALF_TOL, HALF_TOL),
     "bf16": (torch.bfloat16, torch.bfloat16, 1e-2, 1e-2),
 }
 
@@ -409,21 +407,29 @@ def one_page_fp8_plan(**plan_kw):
     return w, q, kv
 
 
-def test_fp8_kv_plan_with_fp16_q():
-    """FlashInfer refuses fp16 queries over an FP8 cache (ValueError naming q_data_type); fp8mla's
-    CPU backend computes them, its CUDA plans refuse them (NotImplementedError naming it)."""
-    if DEVICE.type == "cpu":
-        w = wrapper()
-        w.plan(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32),
-               torch.tensor([0], dtype=torch.int32), torch.tensor([64], dtype=torch.int32),
-               num_heads=16, head_dim_ckv=512, head_dim_kpe=64, page_size=64, causal=False,
-               sm_scale=1.0, q_data_type=torch.float16, kv_data_type=torch.float8_e4m3fn)
-    cuda = fp8mla.BatchMLAPagedAttentionWrapper(None, backend="cuda")
-    with pytest.raises(NotImplementedError, match="q_data_type"):
-        cuda.plan(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32),
-                  torch.tensor([0], dtype=torch.int32), torch.tensor([64], dtype=torch.int32),
-                  num_heads=16, head_dim_ckv=512, head_dim_kpe=64, page_size=64, causal=False,
-                  sm_scale=1.0, q_data_type=torch.float16, kv_data_type=torch.float8_e4m3fn)
+def test_fp8_kv_with_fp16_q():
+    """FlashInfer refuses fp16 queries over an FP8 cache (ValueError naming q_data_type); fp8mla
+    computes them on both backends (the GPU's at the bf16 tolerance: it rounds q to bf16)."""
+    torch.manual_seed(5)
+    heads, page, lens = 16, 64, [100, 40]
+    q_nope = torch.randn(2, heads, 512, dtype=torch.float16)
+    q_pe = torch.randn(2, heads, 64, dtype=torch.float16)
+    ckv = (torch.randn(2, page, 512) * 0.5).to(torch.float8_e4m3fn)
+    kpe = (torch.randn(2, page, 64) * 0.5).to(torch.float8_e4m3fn)
+    i32 = dict(dtype=torch.int32)
+    w = wrapper()
+    w.plan(torch.tensor([0, 1, 2], **i32), torch.tensor([0, 1, 2], **i32),
+           torch.tensor([1, 0], **i32), torch.tensor(lens, **i32), num_heads=heads,
+           head_dim_ckv=512, head_dim_kpe=64, page_size=page, causal=False, sm_scale=0.1,
+           q_data_type=torch.float16, kv_data_type=torch.float8_e4m3fn)
+    o = w.run(q_nope, q_pe, ckv, kpe)
+    assert o.dtype == torch.float16
+    for b, (page_id, n) in enumerate(zip([1, 0], lens)):
+        k, v = kv_from_cache(ckv[page_id:page_id + 1].float(), kpe[page_id:page_id + 1].float(),
+                             n, 1, heads)
+        q = torch.cat([q_nope, q_pe], dim=-1)[b:b + 1]
+        o_ref, _ = attention_ref(1, q, k.to(q.device), v.to(q.device), False, 0.1)
+        torch.testing.assert_close(o[b:b + 1], o_ref, rtol=HALF_TOL, atol=HALF_TOL)
 
 
 def test_fp8_kv_scales_are_keyword_only():

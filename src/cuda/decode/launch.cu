@@ -149,6 +149,7 @@ void cuda_run(PlanState& plan, const RunArgs& args) {
   p.q_pe = static_cast<const __nv_bfloat16*>(args.q_pe.data);
   p.q_pe_stride[0] = args.q_pe.stride[0];
   p.q_pe_stride[1] = args.q_pe.stride[1];
+  p.q_f16 = args.q_nope.dtype == DType::f16;
   p.ckv = static_cast<const std::uint8_t*>(kv.ckv.data);
   p.ckv_page_stride = byte_stride(kv.ckv, 0);
   p.ckv_token_stride = byte_stride(kv.ckv, 1);

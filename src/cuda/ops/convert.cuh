@@ -1,6 +1,6 @@
 // Number conversions the kernels multiply with: e4m3 codes to fp16 / float (exact), floats to
-// bf16 / fp16 pairs, block-format dequantization, and the per-row power-of-two scale that puts a
-// bf16 q row into fp16's range.
+// bf16 / fp16 pairs, fp16 queries to bf16, block-format dequantization, and the per-row
+// power-of-two scale that puts a bf16 q row into fp16's range.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -42,6 +42,20 @@ __device__ __forceinline__ float2 bf16x2_to_float2(std::uint32_t v) {
 }
 
 namespace ops {
+
+// 8 query values (16 bytes as loaded) as bf16: as given, or fp16 rounded to bf16 (nearest even;
+// every fp16 is in bf16's range, so only the low 3 mantissa bits go) when f16, the plan's
+// q_dtype. Both results are made and the bits selected, as store_out2 does.
+__device__ __forceinline__ uint4 q_as_bf16(uint4 v, bool f16) {
+  std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[k]));
+    const std::uint32_t b = float2_to_bf16x2(f.x, f.y);
+    w[k] = f16 ? b : w[k];
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
 
 // 16 e4m3 codes times a (power-of-two) scale -> 16 bf16 values, codes 0-7 in lo, 8-15 in hi
 // (exact: bf16 holds every code times every block scale; 448 x 2^127 becomes inf, as the float

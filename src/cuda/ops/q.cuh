@@ -16,8 +16,9 @@
 
 namespace fp8mla::detail::ops {
 
-// Tile row q_r's q as 72 chunks of 8 bf16 dims (nope 0..63, rope 64..71), read by 16 threads a
-// row: thread q_part holds chunks q_part + 16 i (zeros past 72 and past the tile's rows).
+// Tile row q_r's q as 72 chunks of 8 bf16 dims (nope 0..63, rope 64..71; fp16 queries rounded to
+// bf16, q_as_bf16), read by 16 threads a row: thread q_part holds chunks q_part + 16 i (zeros
+// past 72 and past the tile's rows).
 __device__ __forceinline__ void load_q_chunks(const DecodeParams& p, const WorkTile& t, int q_first,
                                               int rows, int q_r, int q_part, uint4 (&q_v)[5]) {
   const std::int64_t tok = q_first + q_r / t.head_count, h = t.head_begin + q_r % t.head_count;
@@ -28,7 +29,8 @@ __device__ __forceinline__ void load_q_chunks(const DecodeParams& p, const WorkT
     const int c = q_part + 16 * i;
     q_v[i] = make_uint4(0, 0, 0, 0);
     if (c < 72 && q_r < rows)
-      q_v[i] = *reinterpret_cast<const uint4*>(c < 64 ? nope + 8 * c : pe + 8 * (c - 64));
+      q_v[i] = q_as_bf16(
+          *reinterpret_cast<const uint4*>(c < 64 ? nope + 8 * c : pe + 8 * (c - 64)), p.q_f16);
   }
 }
 
@@ -167,7 +169,7 @@ __device__ __forceinline__ void load_q_panels(const DecodeParams& p, const WorkT
     const __nv_bfloat16* src =
         c < 64 ? p.q_nope + tok * p.q_nope_stride[0] + h * p.q_nope_stride[1] + 8 * c
                : p.q_pe + tok * p.q_pe_stride[0] + h * p.q_pe_stride[1] + 8 * (c - 64);
-    return *reinterpret_cast<const uint4*>(src);
+    return q_as_bf16(*reinterpret_cast<const uint4*>(src), p.q_f16);
   };
   std::uint32_t* amax = reinterpret_cast<std::uint32_t*>(smem + L::kQAmax);
   float* inv = reinterpret_cast<float*>(smem + L::kQInv);

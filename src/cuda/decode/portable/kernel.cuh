@@ -87,7 +87,9 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const WorkTile& t,
   const __nv_bfloat16* nope = p.q_nope + tok * p.q_nope_stride[0] + head * p.q_nope_stride[1];
   const __nv_bfloat16* pe = p.q_pe + tok * p.q_pe_stride[0] + head * p.q_pe_stride[1];
   auto chunk = [&](int c) {  // 8 bf16 dims: nope chunks 0..63, rope 64..71
-    return r < rows ? *reinterpret_cast<const uint4*>(c < 64 ? nope + 8 * c : pe + 8 * (c - 64))
+    return r < rows ? ops::q_as_bf16(*reinterpret_cast<const uint4*>(
+                                         c < 64 ? nope + 8 * c : pe + 8 * (c - 64)),
+                                     p.q_f16)
                     : make_uint4(0, 0, 0, 0);
   };
   // The row's scale 2^e: fp16 products put max |q| in [2^14, 2^15), e4m3 terms in [2^7, 2^8);

@@ -194,7 +194,7 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const WorkTile& t,
       const __nv_bfloat16* src =
           c < 64 ? p.q_nope + tok * p.q_nope_stride[0] + h * p.q_nope_stride[1] + 8 * c
                  : p.q_pe + tok * p.q_pe_stride[0] + h * p.q_pe_stride[1] + 8 * (c - 64);
-      v = *reinterpret_cast<const uint4*>(src);
+      v = ops::q_as_bf16(*reinterpret_cast<const uint4*>(src), p.q_f16);
     }
     *reinterpret_cast<uint4*>(q_s + 2 * (r * kRowElems + 8 * c)) = v;
   }

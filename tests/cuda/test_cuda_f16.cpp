@@ -1,7 +1,9 @@
-// f16 outputs on the GPU (Problem::out_dtype = f16; CUDA queries stay bf16): every family's
-// epilogue and the split-KV merge store fp16 from their fp32 rows.
+// f16 queries and outputs on the GPU: every family rounds fp16 queries to bf16 as it loads them
+// (ops::q_as_bf16), and every family's epilogue and the split-KV merge store fp16 from their
+// fp32 rows.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -42,29 +44,59 @@ const F16OutRow kRows[] = {
     {BF, 64, 16, KernelFamily::portable},
 };
 
-TEST(CudaDecodeF16Out, EveryFamilyAndTheMergeWriteF16) {
-  SKIP_WITHOUT_GPU();
+// q of the case as fp16 values that bf16 cannot hold: each value times (1 + 3 * 2^-10), rounded
+// to fp16 (values below fp16's normal range are set to 0 in the case and in the copy).
+std::vector<std::uint16_t> f16_q_finer_than_bf16(test::RandomCase& c) {
+  std::vector<std::uint16_t> q(c.q.size());
+  for (std::size_t i = 0; i < q.size(); ++i) {
+    const float v = bf16_to_float(c.q[i]);
+    q[i] = std::fabs(v) < 0x1p-14f ? 0 : detail::float_to_f16_bits(v * (1.0f + 3.0f * 0x1p-10f));
+  }
+  return q;
+}
+
+// Every row of kRows with f16 outputs; f16_q: fp16 queries too (the reference multiplies the
+// fp16 values in float64; the kernels round them to bf16, 2^-9 relative at most, which the
+// output tolerance covers).
+void every_family_writes_f16(bool f16_q) {
   for (const F16OutRow& row : kRows) {
     test::ProblemSpec s = decode_spec(row.format, row.heads, row.page_size, 1, 3000,
                                       700 + static_cast<std::uint64_t>(row.heads + row.page_size));
     test::RandomCase c = test::make_case(s);
+    const std::vector<std::uint16_t> q16 = f16_q_finer_than_bf16(c);
     PlanOptions o = options_for(c, {});
     o.kernel_family = row.family;
     Problem pr = c.problem(DeviceKind::cuda);
     pr.out_dtype = DType::f16;
+    if (f16_q) pr.q_dtype = DType::f16;
     const Plan p = plan(pr, o);
     const std::string what = std::string(format_name(row.format)) + ", " +
                              std::to_string(row.heads) + " heads, page " +
-                             std::to_string(row.page_size) + ", " + p.kernel_name();
+                             std::to_string(row.page_size) + ", " + p.kernel_name() +
+                             (f16_q ? ", f16 q" : ", bf16 q");
     bool split = false;
     for (const WorkTile& t : p.tiles()) split = split || t.split >= 0;
     EXPECT_TRUE(split) << what << ": no request is split, so the merge is not covered";
 
-    test::HostOutput ref = reference(c);
-    DeviceBuffer cache(c.cache), q(c.q);
+    test::HostOutput ref(c);
+    {
+      PlanOptions ro;
+      ro.cpu_reference = true;
+      Problem rp = c.problem();
+      RunArgs ra = c.host_args(ref);
+      if (f16_q) {
+        rp.q_dtype = DType::f16;
+        ra.q_nope = c.q_nope_view(const_cast<std::uint16_t*>(q16.data()));
+        ra.q_pe = c.q_pe_view(const_cast<std::uint16_t*>(q16.data()));
+        ra.q_nope.dtype = ra.q_pe.dtype = DType::f16;
+      }
+      run(plan(rp, ro), ra);
+    }
+    DeviceBuffer cache(c.cache), q(f16_q ? q16 : c.q);
     DeviceOutput d(c, 256);
     RunArgs args = device_args(c, cache, q, d);
     args.out.dtype = DType::f16;
+    if (f16_q) args.q_nope.dtype = args.q_pe.dtype = DType::f16;
     run(p, args);
     detail::cuda_synchronize(0);
 
@@ -96,6 +128,18 @@ TEST(CudaDecodeF16Out, EveryFamilyAndTheMergeWriteF16) {
           << what << ": after out";
     }
   }
+}
+
+TEST(CudaDecodeF16, EveryFamilyAndTheMergeWriteF16) {
+  SKIP_WITHOUT_GPU();
+  every_family_writes_f16(false);
+}
+
+// fp16 queries finer than bf16, against the float64 reference of those fp16 values: a family
+// that read the fp16 bits as bf16 would be off by orders of magnitude.
+TEST(CudaDecodeF16, EveryFamilyTakesF16Queries) {
+  SKIP_WITHOUT_GPU();
+  every_family_writes_f16(true);
 }
 
 }  // namespace
