@@ -411,7 +411,7 @@ def test_fp8_kv_with_fp16_q():
     """FlashInfer refuses fp16 queries over an FP8 cache (ValueError naming q_data_type); fp8mla
     computes them on both backends (the GPU's at the bf16 tolerance: it rounds q to bf16)."""
     torch.manual_seed(5)
-    heads, page, lens = 16, 64, [100, 40]
+    heads, page, lens = 16, 128, [100, 40]
     q_nope = torch.randn(2, heads, 512, dtype=torch.float16)
     q_pe = torch.randn(2, heads, 64, dtype=torch.float16)
     ckv = (torch.randn(2, page, 512) * 0.5).to(torch.float8_e4m3fn)
@@ -422,7 +422,7 @@ def test_fp8_kv_with_fp16_q():
            torch.tensor([1, 0], **i32), torch.tensor(lens, **i32), num_heads=heads,
            head_dim_ckv=512, head_dim_kpe=64, page_size=page, causal=False, sm_scale=0.1,
            q_data_type=torch.float16, kv_data_type=torch.float8_e4m3fn)
-    o = w.run(q_nope, q_pe, ckv, kpe)
+    o = w.run(q_nope, q_pe, ckv, kpe, ckv_scale=1.0, kpe_scale=1.0)
     assert o.dtype == torch.float16
     for b, (page_id, n) in enumerate(zip([1, 0], lens)):
         k, v = kv_from_cache(ckv[page_id:page_id + 1].float(), kpe[page_id:page_id + 1].float(),
