@@ -215,20 +215,19 @@ class Plan {
   std::unique_ptr<detail::PlanState> state_;
 };
 
-// Validates `problem` and builds the plan. Errors (all invalid_argument unless noted), each
-// naming the argument, index and bound: num_heads outside 1..128; page_size not a power of two
-// in 1..128; num_pages outside [1, 2^31 - 1]; q_dtype / out_dtype other than bf16 or f16 (f16
-// queries on CUDA: code unsupported); sm_scale not finite or outside (0, kMaxSmScale]; qo_indptr empty,
-// kv_indptr of the wrong length, either not starting at 0 or decreasing; kv_indptr[batch] !=
-// kv_indices.size(); kv_indices (or device_kv_indices: also its dtype, shape, device, and given
-// with kv_indices) outside the pool; borrowed_kv_indices of another dtype or device, not
-// contiguous, shorter than kv_indptr[batch], or given with another page table; kv_len < 0 or >
-// pages listed * page_size; causal with qo_len > kv_len (kv_len = 0 with qo_len > 0 is allowed:
-// those rows get o = 0, lse = -inf); sparse indices outside the pool and not -1; topk < 0 or
-// sparse_indices of the wrong size; the bounds of fp8mla/limits.h (total_q x num_heads rows,
-// options.sm_count, ctas_per_sm, their product, num_threads, total_q x topk, graph capacities);
-// a cuda_graph plan whose problem exceeds max_*; unsupported (code unsupported) for
-// DeviceKind::cuda without CUDA; out_of_memory when an allocation fails.
+// Validates `problem` and builds the plan. Errors (all invalid_argument unless noted), each naming
+// the argument, index and bound: num_heads outside 1..128; page_size not a power of two in 1..128;
+// num_pages outside [1, 2^31 - 1]; q_dtype / out_dtype other than bf16 or f16; sm_scale not finite
+// or outside (0, kMaxSmScale]; qo_indptr empty, kv_indptr of the wrong length, either not starting
+// at 0 or decreasing; kv_indptr[batch] != kv_indices.size(); kv_indices (or device_kv_indices: also
+// its dtype, shape, device, and given with kv_indices) outside the pool; borrowed_kv_indices of
+// another dtype or device, not contiguous, shorter than kv_indptr[batch], or given with another
+// page table; kv_len < 0 or > pages listed * page_size; causal with qo_len > kv_len (kv_len = 0
+// with qo_len > 0 is allowed: those rows get o = 0, lse = -inf); sparse indices outside the pool
+// and not -1; topk < 0 or sparse_indices of the wrong size; the bounds of fp8mla/limits.h (total_q
+// x num_heads rows, options.sm_count, ctas_per_sm, their product, num_threads, total_q x topk,
+// graph capacities); a cuda_graph plan whose problem exceeds max_*; unsupported (code unsupported)
+// for DeviceKind::cuda without CUDA; out_of_memory when an allocation fails.
 Plan plan(const Problem& problem, const PlanOptions& options = {});
 
 // Graph mode: re-plan `p` (made with cuda_graph = true) for a new batch in place, keeping its
