@@ -114,6 +114,10 @@ enum class KernelFamily : std::uint8_t {
   // terms): fp8_e4m3 caches, fast scores; chosen on sm_89 and sm_12x (native there); sm_90 and
   // sm_100 may force it for tiles of <= 16 rows (ptxas emulates the instruction there).
   portable_fp8,
+  // The portable family's fp16-exact products for fp16 queries over a bf16 cache (q and P each
+  // as two bf16 terms): chosen for such plans on every GPU from sm_80, Hopper included, so they
+  // meet an fp16 tolerance; the other families round fp16 queries to bf16.
+  portable_f16_exact,
 };
 // "auto", "cpu_fast", ..., "bf16_wide_rows" (the enumerators' names).
 const char* kernel_family_name(KernelFamily f);

@@ -12,6 +12,7 @@
 //   scale    fp8_e4m3's kpe_scale / ckv_scale: a power of two (checked by run()) or any
 //            (PlanOptions::any_scale_ratio)
 //   scores   fast (fp8 tensor cores allowed) or exact (PlanOptions::exact_scores)
+//   queries  the query dtype: bf16 or fp16 (Problem::q_dtype)
 //   tiles    the longest tile: < 32 blocks of 64 tokens or longer (decided after the partition)
 // The first row whose every column holds the key's value is the family. A row also states what
 // its family can serve: PlanOptions::kernel_family accepts a family when one of its rows matches
@@ -42,6 +43,7 @@ struct DispatchKey {
   PageClass pages = PageClass::under8;
   bool any_scale_ratio = false;
   bool exact_scores = false;
+  bool f16_queries = false;
   TileClass tiles = TileClass::short_tiles;
 };
 

@@ -125,6 +125,7 @@ detail::DispatchKey dispatch_key(const Problem& p, const PlanOptions& o, int arc
           .pages = detail::page_class(p.page_size),
           .any_scale_ratio = o.any_scale_ratio,
           .exact_scores = o.exact_scores,
+          .f16_queries = p.q_dtype == DType::f16,
           .tiles = detail::tile_class(longest_tile)};
 }
 

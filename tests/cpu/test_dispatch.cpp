@@ -142,6 +142,42 @@ TEST(Dispatch, HopperMayForceThePortableFamily) {
                  Error);
 }
 
+// fp16 queries over a bf16 cache run portable_f16_exact on every GPU from sm_80 (its products
+// are fp16-exact); over FP8 caches the choice is the bf16 queries' one. Every family the table
+// gives bf16 queries still serves fp16 ones when forced (rounding them to bf16), and
+// portable_f16_exact serves nothing else.
+TEST(Dispatch, F16QueriesOverBf16RunFp16ExactProducts) {
+  int checked = 0;
+  for (const int arch : {80, 86, 89, 90, 100, 120})
+    for (const KvFormat f : kFormats)
+      for (const int rows : {16, 64})
+        for (const bool sparse : {false, true})
+          for (const int page : {1, 64}) {
+            DispatchKey k = key_for(f, rows, sparse, page, false, false, 0, arch);
+            const F bf16_choice = detail::choose_family(k, F::automatic);
+            EXPECT_NE(bf16_choice, F::portable_f16_exact);
+            EXPECT_THROW(detail::choose_family(k, F::portable_f16_exact), Error);
+            k.f16_queries = true;
+            const std::string what = "sm_" + std::to_string(arch) + " " + format_name(f) +
+                                     " rows " + std::to_string(rows) + " page " +
+                                     std::to_string(page) + (sparse ? " sparse" : " dense");
+            if (f == KvFormat::bf16) {
+              EXPECT_EQ(detail::choose_family(k, F::automatic), F::portable_f16_exact) << what;
+              EXPECT_EQ(detail::choose_family(k, bf16_choice), bf16_choice) << what;
+            } else {
+              EXPECT_EQ(detail::choose_family(k, F::automatic), bf16_choice) << what;
+              EXPECT_THROW(detail::choose_family(k, F::portable_f16_exact), Error) << what;
+            }
+            ++checked;
+          }
+  EXPECT_EQ(checked, 6 * 3 * 2 * 2 * 2);
+  // The CPU computes fp16 queries exactly on its own families.
+  DispatchKey cpu = key_for(KvFormat::bf16, 16, false, 1, false, false, 0, 0);
+  cpu.f16_queries = true;
+  EXPECT_EQ(detail::choose_family(cpu, F::automatic), F::cpu_fast);
+  EXPECT_THROW(detail::choose_family(cpu, F::portable_f16_exact), Error);
+}
+
 TEST(Dispatch, ForcedFamilyServesOrIsNamed) {
   // Forced where a row of the family covers the key: kept, even where the table prefers another.
   const DispatchKey fp8_small = key_for(KvFormat::fp8_e4m3, 16, false, 64, false, false, 0);
@@ -189,7 +225,7 @@ TEST(Dispatch, ForcedFamilyServesOrIsNamed) {
 TEST(Dispatch, NamesRoundTrip) {
   for (const F f : {F::automatic, F::cpu_fast, F::cpu_reference, F::shared_tile, F::fp8_exact,
                     F::fp8_tma, F::fp8_gather, F::bf16_tma, F::bf16_gather, F::wide_rows,
-                    F::bf16_wide_rows})
+                    F::bf16_wide_rows, F::portable, F::portable_fp8, F::portable_f16_exact})
     EXPECT_EQ(parse_kernel_family(kernel_family_name(f)), f) << kernel_family_name(f);
   EXPECT_STREQ(kernel_family_name(F::automatic), "auto");
   try {

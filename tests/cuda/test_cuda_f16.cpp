@@ -1,10 +1,12 @@
-// f16 queries and outputs on the GPU: every family rounds fp16 queries to bf16 as it loads them
-// (ops::q_as_bf16), and every family's epilogue and the split-KV merge store fp16 from their
-// fp32 rows.
+// f16 queries and outputs on the GPU: every family's epilogue and the split-KV merge store fp16
+// from their fp32 rows; every family takes fp16 queries, rounding them to bf16 as it loads them
+// (ops::q_as_bf16), but for portable_f16_exact, which the table chooses for fp16 queries over a
+// bf16 cache and whose products are fp16-exact (FlashInfer's fp16 tolerance holds there).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -34,9 +36,9 @@ const F16OutRow kRows[] = {
     {F8, 8, 1, KernelFamily::automatic},     // fp8_gather
     {F8, 16, 64, KernelFamily::fp8_exact},   // fp8_exact
     {F8, 64, 16, KernelFamily::automatic},   // wide_rows
-    {BF, 8, 64, KernelFamily::automatic},    // bf16_tma
-    {BF, 16, 1, KernelFamily::automatic},    // bf16_gather
-    {BF, 128, 64, KernelFamily::automatic},  // bf16_wide_rows
+    {BF, 8, 64, KernelFamily::bf16_tma},  // named: fp16 queries would choose portable_f16_exact
+    {BF, 16, 1, KernelFamily::bf16_gather},
+    {BF, 128, 64, KernelFamily::bf16_wide_rows},
     {BL, 8, 64, KernelFamily::automatic},    // fp8_gather, block format
     {BL, 64, 1, KernelFamily::automatic},    // wide_rows, block format
     {BL, 16, 64, KernelFamily::shared_tile},
@@ -140,6 +142,95 @@ TEST(CudaDecodeF16, EveryFamilyAndTheMergeWriteF16) {
 TEST(CudaDecodeF16, EveryFamilyTakesF16Queries) {
   SKIP_WITHOUT_GPU();
   every_family_writes_f16(true);
+}
+
+// Elements of `out` outside FlashInfer's fp16 tolerance (torch.testing.assert_close with
+// rtol = atol = 1e-3) of `ref`, both fp16 bits; NaN matches NaN only.
+std::int64_t f16_misses(std::span<const std::uint16_t> out, std::span<const std::uint16_t> ref) {
+  std::int64_t misses = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const double a = detail::f16_bits_to_float(out[i]), b = detail::f16_bits_to_float(ref[i]);
+    const bool ok = std::isnan(b) ? std::isnan(a) : std::fabs(a - b) <= 1e-3 + 1e-3 * std::fabs(b);
+    misses += !ok;
+  }
+  return misses;
+}
+
+struct ExactRow {
+  int heads, page_size, qo_len, topk;
+};
+
+// fp16 queries and outputs over a bf16 cache, as FlashInfer's fp16 MLA tests run them: the table
+// chooses portable_f16_exact, whose every output element meets FlashInfer's fp16 tolerance
+// against the float64 reference of the fp16 values (rounded to fp16 as the output is). The same
+// case on a family that rounds q to bf16 misses it (the check tells the two apart).
+TEST(CudaDecodeF16, F16QueriesOverBf16MeetAnF16Tolerance) {
+  SKIP_WITHOUT_GPU();
+  const ExactRow rows[] = {
+      {8, 64, 1, 0},     // 16-row tiles, split requests
+      {16, 1, 2, 0},     // causal two-token decode: 32-row tiles
+      {128, 16, 1, 0},   // 64-row tiles
+      {16, 1, 1, 256},   // sparse top-k lists
+  };
+  for (const ExactRow& row : rows) {
+    test::ProblemSpec s = decode_spec(BF, row.heads, row.page_size, 1, 3000,
+                                      900 + static_cast<std::uint64_t>(row.heads + row.qo_len));
+    s.qo_len_min = s.qo_len_max = row.qo_len;
+    s.causal = row.qo_len > 1;
+    s.topk = row.topk;
+    test::RandomCase c = test::make_case(s);
+    const std::vector<std::uint16_t> q16 = f16_q_finer_than_bf16(c);
+    const std::string what = std::to_string(row.heads) + " heads, page " +
+                             std::to_string(row.page_size) + ", qo " +
+                             std::to_string(row.qo_len) + ", top-k " + std::to_string(row.topk);
+
+    test::HostOutput ref(c);
+    {
+      PlanOptions ro;
+      ro.cpu_reference = true;
+      Problem rp = c.problem();
+      rp.q_dtype = rp.out_dtype = DType::f16;
+      RunArgs ra = c.host_args(ref);
+      ra.q_nope = c.q_nope_view(const_cast<std::uint16_t*>(q16.data()));
+      ra.q_pe = c.q_pe_view(const_cast<std::uint16_t*>(q16.data()));
+      ra.q_nope.dtype = ra.q_pe.dtype = ra.out.dtype = DType::f16;
+      run(plan(rp, ro), ra);
+    }
+    auto misses_on = [&](KernelFamily family) {
+      PlanOptions o = options_for(c, {});
+      o.kernel_family = family;
+      Problem pr = c.problem(DeviceKind::cuda);
+      pr.q_dtype = pr.out_dtype = DType::f16;
+      const Plan p = plan(pr, o);
+      if (family == KernelFamily::automatic)
+        EXPECT_EQ(std::string(p.kernel_name()), "portable_f16_exact") << what;
+      DeviceBuffer cache(c.cache), q(q16);
+      DeviceOutput d(c, 256);
+      RunArgs args = device_args(c, cache, q, d);
+      args.q_nope.dtype = args.q_pe.dtype = args.out.dtype = DType::f16;
+      run(p, args);
+      detail::cuda_synchronize(0);
+      const auto out = d.out.to_host<std::uint16_t>();
+      for (std::int64_t i = 0; i < d.guard; ++i) {
+        EXPECT_EQ(out[static_cast<std::size_t>(i)], test::kPoisonBf16) << what << ": before out";
+        EXPECT_EQ(out[static_cast<std::size_t>(d.guard + d.n_out + i)], test::kPoisonBf16)
+            << what << ": after out";
+      }
+      const auto lse = d.lse.to_host<float>();
+      const test::LseComparison cl = test::compare_lse(
+          std::span<const float>(lse.data() + d.guard, static_cast<std::size_t>(d.n_lse)),
+          ref.lse());
+      EXPECT_TRUE(cl.positions_ok()) << what << ": " << test::describe(cl);
+      EXPECT_LE(cl.max_err, 1e-3) << what << ": " << test::describe(cl);
+      return f16_misses(std::span<const std::uint16_t>(out.data() + d.guard,
+                                                       static_cast<std::size_t>(d.n_out)),
+                        ref.out());
+    };
+    EXPECT_EQ(misses_on(KernelFamily::automatic), 0) << what << ": of " << ref.out().size();
+    if (row.heads == 8)
+      EXPECT_GT(misses_on(KernelFamily::bf16_gather), 0)
+          << what << ": q rounded to bf16 should miss the fp16 tolerance somewhere";
+  }
 }
 
 }  // namespace

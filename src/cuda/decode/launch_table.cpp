@@ -22,6 +22,7 @@ const LaunchRow kLaunchTable[] = {
     {KernelFamily::bf16_wide_rows, &bf16_wide_rows::entry},
     {KernelFamily::portable, &portable::entry},
     {KernelFamily::portable_fp8, &portable::fp8_entry},
+    {KernelFamily::portable_f16_exact, &portable::f16_exact_entry},
 };
 
 }  // namespace

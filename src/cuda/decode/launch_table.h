@@ -52,6 +52,7 @@ KernelEntry entry(KvFormat format, int row_tiles, int device_id);
 namespace portable {
 KernelEntry entry(KvFormat format, int row_tiles, int device_id);
 KernelEntry fp8_entry(KvFormat format, int row_tiles, int device_id);  // portable_fp8
+KernelEntry f16_exact_entry(KvFormat format, int row_tiles, int device_id);  // portable_f16_exact
 }  // namespace portable
 
 }  // namespace fp8mla::detail

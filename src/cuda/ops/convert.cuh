@@ -57,6 +57,18 @@ __device__ __forceinline__ uint4 q_as_bf16(uint4 v, bool f16) {
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+// An fp16 pair as two bf16 pairs hi = bf16(x) and lo = bf16(x - hi) whose sum is x exactly: x - hi
+// is a multiple of x's fp16 ulp smaller than half of hi's bf16 ulp (at most 3 significant bits),
+// and bf16 has float's exponent range. Products of both terms with bf16 operands, summed in fp32,
+// are the fp16 products. (An infinite x gives lo = NaN.)
+__device__ __forceinline__ void half2_to_bf16x2_terms(std::uint32_t h2, std::uint32_t& hi,
+                                                      std::uint32_t& lo) {
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h2));
+  hi = float2_to_bf16x2(f.x, f.y);
+  const float2 h = bf16x2_to_float2(hi);
+  lo = float2_to_bf16x2(f.x - h.x, f.y - h.y);
+}
+
 // 16 e4m3 codes times a (power-of-two) scale -> 16 bf16 values, codes 0-7 in lo, 8-15 in hi
 // (exact: bf16 holds every code times every block scale; 448 x 2^127 becomes inf, as the float
 // reference's product does).

@@ -10,8 +10,10 @@
 namespace fp8mla::detail::portable {
 
 // How S = Q K^T is multiplied: fp16 products of converted codes (exact; bf16 caches multiply
-// bf16), or fp8 products (mma.sync m16n8k32 e4m3, sm_89 and newer; Q as two e4m3 terms).
-enum class Scores { f16, e4m3 };
+// bf16), fp8 products (mma.sync m16n8k32 e4m3, sm_89 and newer; Q as two e4m3 terms), or, for
+// fp16 queries over a bf16 cache, fp16-exact products: Q and P each split into two bf16 terms
+// (ops::half2_to_bf16x2_terms) that multiply the bf16 codes into one accumulator.
+enum class Scores { f16, e4m3, bf16x2 };
 
 inline constexpr int kThreads = 256;
 inline constexpr int kWarps = kThreads / 32;
@@ -20,7 +22,8 @@ inline constexpr int kMaxSmem = 99 * 1024;  // sm_86 / sm_89 / sm_120 per-CTA op
 template <KvFormat F, int MT, Scores kScores = Scores::f16>
 struct Config {
   static_assert(MT == 1 || MT == 2 || MT == 4, "16, 32 or 64 rows");
-  static_assert(kScores == Scores::f16 || F == KvFormat::fp8_e4m3, "e4m3 products: fp8_e4m3");
+  static_assert(kScores != Scores::e4m3 || F == KvFormat::fp8_e4m3, "e4m3 products: fp8_e4m3");
+  static_assert(kScores != Scores::bf16x2 || F == KvFormat::bf16, "bf16x2 products: bf16");
   static constexpr int kRows = 16 * MT;
   static constexpr int kBlockN = 64 / MT;       // tokens a block
   static constexpr int kGroups = kBlockN / 16;  // 16-token groups (two n-tiles) a block
@@ -33,15 +36,16 @@ struct Config {
   static constexpr int kChunks = kTokenBytes / 16;  // 16-byte cp.async copies a token
   static constexpr int kStageBytes = kBlockN * kPitch;
   static constexpr int kPerToken = kThreads / kBlockN;  // threads copying one token
-  // Q rows: fp16 / bf16 (1152 bytes + pad) or, for e4m3 products, hi and lo e4m3 terms (576
-  // bytes each). Pads keep each thread's Q reads (rows g and g + 8) conflict free.
+  // Q rows: fp16 / bf16 (1152 bytes + pad; bf16x2 keeps the fp16 query and splits it where it
+  // multiplies) or, for e4m3 products, hi and lo e4m3 terms (576 bytes each). Pads keep each
+  // thread's Q reads (rows g and g + 8) conflict free.
   // (bf16 at 64 rows keeps the fp16 pad: the wider one would not fit 99 KB.)
   static constexpr int kQPitch = kScores == Scores::e4m3                ? 576
                                  : F == KvFormat::bf16 && MT < 4 ? 1152 + 64
                                                                  : 1152 + 16;
   static constexpr int kQBytes = (kScores == Scores::e4m3 ? 2 : 1) * kRows * kQPitch;
-  // P: bf16 for bf16 caches, else fp16 (the block format's warps multiply it by their
-  // columns' block scales on the way into the products).
+  // P: bf16 for bf16 caches, else fp16 (bf16x2 splits it where it multiplies; the block
+  // format's warps multiply it by their columns' block scales on the way into the products).
   static constexpr int kPPitch = (kBlockN + 8) * 2;
   static constexpr int kPBytes = kRows * kPPitch;
   static constexpr int kXchBytes = 4 * 32 * 16 * 2;  // S halves exchanged between warp pairs

@@ -1,5 +1,6 @@
 // The portable families' entries in the launch table (src/cuda/decode/launch_table.h):
-// portable (fp16 products) and portable_fp8 (fp8 products), sized for the device.
+// portable (fp16 products), portable_fp8 (fp8 products) and portable_f16_exact (fp16 queries over
+// a bf16 cache, fp16-exact products), sized for the device.
 #include <cstdlib>
 #include <string>
 
@@ -38,6 +39,10 @@ KernelEntry entry(KvFormat format, int row_tiles, int device_id) {
 
 KernelEntry fp8_entry(KvFormat format, int row_tiles, int device_id) {
   return sized(kernel_for(format, row_tiles, Scores::e4m3), device_id);
+}
+
+KernelEntry f16_exact_entry(KvFormat format, int row_tiles, int device_id) {
+  return sized(kernel_for(format, row_tiles, Scores::bf16x2), device_id);
 }
 
 }  // namespace fp8mla::detail::portable

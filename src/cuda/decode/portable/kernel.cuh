@@ -6,7 +6,9 @@
 // 64 / MT tokens is copied raw (cp.async, 16 bytes a thread) into padded rows; S = Q K^T reads the
 // codes from those rows straight into mma B fragments (fp16 from e4m3 codes, bf16 as stored, or
 // e4m3 as stored for fp8 products on sm_89+), and O += P V does the same for V. Q sits in shared
-// memory once per tile (fp16 rows scaled by a power of two, bf16, or two e4m3 terms).
+// memory once per tile (fp16 rows scaled by a power of two, bf16, or two e4m3 terms). fp16
+// queries over a bf16 cache (Scores::bf16x2) keep Q and P in fp16 and split each fragment into
+// two bf16 terms where it multiplies: twice the tensor work, fp16-exact products.
 //
 // Invariants: 8 warps. S: warp (h, pair) multiplies its pair's 16 tokens (two n-tiles) over half
 // of the 576 dims (nope 256 h .. 256 h + 255 and rope 32 h .. 32 h + 31), so each Q read serves
@@ -86,11 +88,11 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const WorkTile& t,
   const std::int64_t tok = q_first + r / t.head_count, head = t.head_begin + r % t.head_count;
   const __nv_bfloat16* nope = p.q_nope + tok * p.q_nope_stride[0] + head * p.q_nope_stride[1];
   const __nv_bfloat16* pe = p.q_pe + tok * p.q_pe_stride[0] + head * p.q_pe_stride[1];
-  auto chunk = [&](int c) {  // 8 bf16 dims: nope chunks 0..63, rope 64..71
-    return r < rows ? ops::q_as_bf16(*reinterpret_cast<const uint4*>(
-                                         c < 64 ? nope + 8 * c : pe + 8 * (c - 64)),
-                                     p.q_f16)
-                    : make_uint4(0, 0, 0, 0);
+  // 8 dims: nope chunks 0..63, rope 64..71; bf16 (fp16 rounded to it), but bf16x2 keeps fp16.
+  auto chunk = [&](int c) {
+    if (r >= rows) return make_uint4(0, 0, 0, 0);
+    const uint4 v = *reinterpret_cast<const uint4*>(c < 64 ? nope + 8 * c : pe + 8 * (c - 64));
+    return kScores == Scores::bf16x2 ? v : ops::q_as_bf16(v, p.q_f16);
   };
   // The row's scale 2^e: fp16 products put max |q| in [2^14, 2^15), e4m3 terms in [2^7, 2^8);
   // the block format scales its nope dims only (its rope multiplies bf16 by bf16).
@@ -222,9 +224,21 @@ __device__ __forceinline__ void half_scores(const DecodeParams& p, const std::ui
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const std::uint32_t af[4] = {a[2 * j], b[2 * j], a[2 * j + 1], b[2 * j + 1]};
+        if constexpr (kScores == Scores::bf16x2) {  // fp16 Q: its two bf16 terms
+          std::uint32_t hi[4], lo[4];
 #pragma unroll
-        for (int n = 0; n < 2; ++n)
-          mma_16816<true>(G < 8 ? nope[n][G % 2] : pe[n], af, k[n][2 * j], k[n][2 * j + 1]);
+          for (int i = 0; i < 4; ++i) ops::half2_to_bf16x2_terms(af[i], hi[i], lo[i]);
+#pragma unroll
+          for (int n = 0; n < 2; ++n) {
+            float(&acc)[4] = G < 8 ? nope[n][G % 2] : pe[n];
+            mma_16816<true>(acc, hi, k[n][2 * j], k[n][2 * j + 1]);
+            mma_16816<true>(acc, lo, k[n][2 * j], k[n][2 * j + 1]);
+          }
+        } else {
+#pragma unroll
+          for (int n = 0; n < 2; ++n)
+            mma_16816<true>(G < 8 ? nope[n][G % 2] : pe[n], af, k[n][2 * j], k[n][2 * j + 1]);
+        }
       }
     }
 #pragma unroll
@@ -521,7 +535,7 @@ __device__ __forceinline__ void portable_decode(const DecodeParams& p) {
       const int row = rg + 8 * r;
       const float pa = fast_exp2(s[2 * r] - base_s[r]), pb = fast_exp2(s[2 * r + 1] - base_s[r]);
       float sum;
-      if constexpr (F == KvFormat::bf16) {
+      if constexpr (F == KvFormat::bf16 && kScores != Scores::bf16x2) {
         const __nv_bfloat16 ra = __float2bfloat16_rn(pa), rb = __float2bfloat16_rn(pb);
         __nv_bfloat16* pr = reinterpret_cast<__nv_bfloat16*>(p_s + row * C::kPPitch);
         pr[tok_a] = ra, pr[tok_b] = rb;
@@ -565,10 +579,18 @@ __device__ __forceinline__ void portable_decode(const DecodeParams& p) {
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       if constexpr (F == KvFormat::bf16) {
-        std::uint32_t a[MT][4];
+        // bf16x2: P is fp16, each fragment split into its two bf16 terms (a, then a_lo).
+        constexpr bool kSplit = kScores == Scores::bf16x2;
+        std::uint32_t a[MT][4], a_lo[kSplit ? MT : 1][4];
 #pragma unroll
-        for (int m = 0; m < MT; ++m)
+        for (int m = 0; m < MT; ++m) {
           ldmatrix_x4(a[m], p_s + (16 * m + lane % 16) * C::kPPitch + 2 * (16 * kk + (lane / 16) * 8));
+          if constexpr (kSplit) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+              ops::half2_to_bf16x2_terms(a[m][i], a[m][i], a_lo[m][i]);
+          }
+        }
         const int v_tok = 16 * kk + lane % 8 + ((lane / 8) % 2) * 8;
 #pragma unroll
         for (int np = 0; np < 4; ++np) {
@@ -578,6 +600,10 @@ __device__ __forceinline__ void portable_decode(const DecodeParams& p) {
           for (int m = 0; m < MT; ++m) {
             mma_16816<true>(o[m][2 * np], a[m], b[0], b[1]);
             mma_16816<true>(o[m][2 * np + 1], a[m], b[2], b[3]);
+            if constexpr (kSplit) {
+              mma_16816<true>(o[m][2 * np], a_lo[m], b[0], b[1]);
+              mma_16816<true>(o[m][2 * np + 1], a_lo[m], b[2], b[3]);
+            }
           }
         }
       } else {

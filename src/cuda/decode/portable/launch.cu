@@ -28,6 +28,12 @@ KernelInfo kernel_for(KvFormat format, int row_tiles, Scores scores) {
                   "fp8 score products need an fp8_e4m3 cache");
     return by_rows<KvFormat::fp8_e4m3, Scores::e4m3>(row_tiles);
   }
+  if (scores == Scores::bf16x2) {
+    if (format != KvFormat::bf16)
+      throw Error(ErrorCode::unsupported, "kernel_family",
+                  "fp16-exact products (two bf16 terms) need a bf16 cache");
+    return by_rows<KvFormat::bf16, Scores::bf16x2>(row_tiles);
+  }
   switch (format) {
     case KvFormat::bf16:
       return by_rows<KvFormat::bf16, Scores::f16>(row_tiles);
