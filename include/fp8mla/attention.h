@@ -40,7 +40,8 @@ struct Problem {
   std::int64_t num_pages = 0;  // pages in the pool (bound for kv_indices)
   KvFormat kv_format = KvFormat::fp8_e4m3;
   // Query and output element types, bf16 or f16 (FlashInfer's fp16 queries and outputs), on
-  // every backend. The CPU backend multiplies f16 queries as given; the CUDA kernels round them
+  // every backend. The CPU backend multiplies f16 queries as given; on CUDA, f16 queries over a
+  // bf16 cache run portable_f16_exact (fp16-exact products), and the other families round them
   // to bf16 as they load them (2^-9 relative at most, the precision of their bf16 products).
   DType q_dtype = DType::bf16;
   DType out_dtype = DType::bf16;
