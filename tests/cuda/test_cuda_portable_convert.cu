@@ -2,15 +2,19 @@
 // convert e4m3 codes by shifts (values 2^-8 of the codes', NaN mapped to NaN), sm_89 and newer
 // by the conversion instruction. This test runs both on the device at hand for every pair of
 // codes and requires the shift form times 2^8 to equal the instruction bit for bit (NaN for NaN),
-// so the kernels compiled for sm_80 / sm_86 compute what the tested ones compute.
+// so the kernels compiled for sm_80 / sm_86 compute what the tested ones compute. And
+// portable_f16_exact's split of fp16 values into two bf16 terms, for every fp16 value.
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
 #include "src/cuda/decode/portable/convert.cuh"
+#include "src/cuda/ops/convert.cuh"
 #include "tests/cuda/gpu_test_util.h"
 
 namespace fp8mla::gputest {
@@ -65,6 +69,46 @@ TEST(CudaPortable, ShiftConversionMatchesTheInstruction) {
   }
   EXPECT_EQ(checked, 65536 * 4);
   EXPECT_GT(nan_codes, 0);  // 0x7f and 0xff were among the codes
+}
+
+__global__ void split_terms(std::uint32_t* out) {
+  const std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;  // fp16 bits i, twice
+  std::uint32_t hi, lo;
+  detail::ops::half2_to_bf16x2_terms(i | i << 16, hi, lo);
+  out[2 * i] = hi, out[2 * i + 1] = lo;
+}
+
+float bf16_bits(std::uint16_t b) {
+  return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
+}
+
+// hi = bf16(x) and lo = bf16(x - hi) sum to x exactly for every finite fp16 x (both halves of the
+// word), hi is x rounded to bf16, and an infinite x keeps hi infinite.
+TEST(CudaPortable, F16SplitsIntoTwoBf16TermsExactly) {
+  SKIP_WITHOUT_GPU();
+  DeviceBuffer out(std::size_t{65536} * 2 * 4);
+  split_terms<<<256, 256>>>(static_cast<std::uint32_t*>(out.ptr));
+  check_cuda(cudaGetLastError());
+  check_cuda(cudaDeviceSynchronize());
+  const std::vector<std::uint32_t> w = out.to_host<std::uint32_t>();
+  int finite = 0;
+  for (std::uint32_t i = 0; i < 65536; ++i) {
+    const float x = half_bits(static_cast<std::uint16_t>(i));
+    for (int half = 0; half < 2; ++half) {
+      const float hi = bf16_bits(static_cast<std::uint16_t>(w[2 * i] >> (16 * half)));
+      const float lo = bf16_bits(static_cast<std::uint16_t>(w[2 * i + 1] >> (16 * half)));
+      if (std::isnan(x)) continue;
+      if (std::isinf(x)) {
+        ASSERT_EQ(hi, x) << "fp16 bits " << i;
+        continue;
+      }
+      ++finite;
+      ASSERT_EQ(static_cast<double>(hi) + static_cast<double>(lo), static_cast<double>(x))
+          << "fp16 bits " << i << " half " << half;
+      ASSERT_EQ(hi, __bfloat162float(__float2bfloat16_rn(x))) << "fp16 bits " << i;
+    }
+  }
+  EXPECT_EQ(finite, 2 * 63488);  // every fp16 but the 2 infinities and 2046 NaNs
 }
 
 }  // namespace
