@@ -25,6 +25,18 @@ __device__ __forceinline__ void store_out2(__nv_bfloat16* dst, bool f16, float a
                                                : reinterpret_cast<const std::uint32_t&>(x);
 }
 
+// store_out2 with the out dtype known at compile time: one conversion. For loops that a uniform
+// branch on DecodeParams::out_f16 can enclose (store_rows), where the select's second conversion
+// and moves cost wide_rows 1-10% at 128 heads (bench/results/h100_f16_branch.txt).
+template <bool kF16>
+__device__ __forceinline__ void store_out2(__nv_bfloat16* dst, float a, float b) {
+  if constexpr (kF16) {
+    *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(a, b);
+  } else {
+    *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(a, b);
+  }
+}
+
 // Output scale (out_scale / l) and lse (natural log) of a finished row with log2-domain max m and
 // sum l. l == 0: the row saw nothing (o = 0, lse = -inf); l NaN: a NaN in the cache reached the
 // row (fmaxf skipped it in the max), so o and lse are NaN as in the reference.
@@ -93,12 +105,19 @@ __device__ __forceinline__ void store_rows(const DecodeParams& p, const DeviceTi
     const int col0 = 256 * group + 2 * tq;  // + 64 c + 8 n
     if (t.split < 0) {
       __nv_bfloat16* dst = p.out + token * p.out_stride[0] + head * p.out_stride[1] + col0;
+      auto store = [&]<bool kF16>() {
 #pragma unroll
-      for (int c = 0; c < 4; ++c)
+        for (int c = 0; c < 4; ++c)
 #pragma unroll
-        for (int n = 0; n < 8; ++n)
-          store_out2(dst + 64 * c + 8 * n, p.out_f16, o[c][4 * n + 2 * h] * end.inv,
-                     o[c][4 * n + 2 * h + 1] * end.inv);
+          for (int n = 0; n < 8; ++n)
+            store_out2<kF16>(dst + 64 * c + 8 * n, o[c][4 * n + 2 * h] * end.inv,
+                             o[c][4 * n + 2 * h + 1] * end.inv);
+      };
+      if (p.out_f16) {
+        store.template operator()<true>();
+      } else {
+        store.template operator()<false>();
+      }
       if (p.lse != nullptr && group == 0 && tq == 0)
         p.lse[token * p.lse_stride[0] + head * p.lse_stride[1]] = end.lse;
     } else {

@@ -163,13 +163,17 @@ template <class L>
 __device__ __forceinline__ void load_q_panels(const DecodeParams& p, const WorkTile& t, int q_first,
                                               float ratio, std::uint8_t* smem) {
   const int rows = t.q_count * t.head_count;
-  auto q_chunk = [&](int r, int c) {  // 8 bf16 values of row r, chunk c of 72
+  // 8 bf16 values of row r, chunk c of 72; kF16: fp16 queries, rounded to bf16 (q_as_bf16). The
+  // load loop below is made once for each and chosen by a uniform branch: the select q_as_bf16
+  // makes for a runtime dtype cost wide_rows 1-10% at 128 heads (h100_f16_branch.txt).
+  auto q_chunk = [&]<bool kF16>(int r, int c) {
     if (r >= rows) return make_uint4(0, 0, 0, 0);
     const std::int64_t tok = q_first + r / t.head_count, h = t.head_begin + r % t.head_count;
     const __nv_bfloat16* src =
         c < 64 ? p.q_nope + tok * p.q_nope_stride[0] + h * p.q_nope_stride[1] + 8 * c
                : p.q_pe + tok * p.q_pe_stride[0] + h * p.q_pe_stride[1] + 8 * (c - 64);
-    return q_as_bf16(*reinterpret_cast<const uint4*>(src), p.q_f16);
+    const uint4 v = *reinterpret_cast<const uint4*>(src);
+    return kF16 ? q_as_bf16(v, true) : v;
   };
   std::uint32_t* amax = reinterpret_cast<std::uint32_t*>(smem + L::kQAmax);
   float* inv = reinterpret_cast<float*>(smem + L::kQInv);
@@ -189,27 +193,34 @@ __device__ __forceinline__ void load_q_panels(const DecodeParams& p, const WorkT
     if (threadIdx.x < rows64::kRows) amax[threadIdx.x] = 0;
     named_barrier_sync(rows64::kConsumerBarrier, rows64::kThreads);
   }
+  auto load = [&]<bool kF16>() {
 #pragma unroll 1
-  for (int k0 = 0; k0 < kPer; k0 += kGroup) {
-    uint4 v[kGroup];
+    for (int k0 = 0; k0 < kPer; k0 += kGroup) {
+      uint4 v[kGroup];
 #pragma unroll
-    for (int k = 0; k < kGroup; ++k) {
-      const int i = static_cast<int>(threadIdx.x) + (k0 + k) * rows64::kThreads;
-      v[k] = q_chunk(i / 72, i % 72);
-    }
-#pragma unroll
-    for (int k = 0; k < kGroup; ++k) {
-      const int i = static_cast<int>(threadIdx.x) + (k0 + k) * rows64::kThreads, r = i / 72,
-                c = i % 72;
-      if constexpr (L::kBf16) {
-        if (c == 0) inv[r] = 1.0f;
-      } else if (r < rows) {
-        float m = __uint_as_float(abs_max_bits(v[k]));
-        if (c >= 64) m *= ratio;
-        atomicMax(&amax[r], __float_as_uint(m));  // non-negative floats order as their bits
+      for (int k = 0; k < kGroup; ++k) {
+        const int i = static_cast<int>(threadIdx.x) + (k0 + k) * rows64::kThreads;
+        v[k] = q_chunk.template operator()<kF16>(i / 72, i % 72);
       }
-      *chunk_at(r, c) = v[k];  // fp8: bf16 as given, scaled in place below
+#pragma unroll
+      for (int k = 0; k < kGroup; ++k) {
+        const int i = static_cast<int>(threadIdx.x) + (k0 + k) * rows64::kThreads, r = i / 72,
+                  c = i % 72;
+        if constexpr (L::kBf16) {
+          if (c == 0) inv[r] = 1.0f;
+        } else if (r < rows) {
+          float m = __uint_as_float(abs_max_bits(v[k]));
+          if (c >= 64) m *= ratio;
+          atomicMax(&amax[r], __float_as_uint(m));  // non-negative floats order as their bits
+        }
+        *chunk_at(r, c) = v[k];  // fp8: bf16 as given, scaled in place below
+      }
     }
+  };
+  if (p.q_f16) {
+    load.template operator()<true>();
+  } else {
+    load.template operator()<false>();
   }
   if constexpr (!L::kBf16) {
     named_barrier_sync(rows64::kConsumerBarrier, rows64::kThreads);  // every row's max
