@@ -202,8 +202,9 @@ TEST(CudaDecodeF16, F16QueriesOverBf16MeetAnF16Tolerance) {
       Problem pr = c.problem(DeviceKind::cuda);
       pr.q_dtype = pr.out_dtype = DType::f16;
       const Plan p = plan(pr, o);
-      if (family == KernelFamily::automatic)
+      if (family == KernelFamily::automatic) {
         EXPECT_EQ(std::string(p.kernel_name()), "portable_f16_exact") << what;
+      }
       DeviceBuffer cache(c.cache), q(q16);
       DeviceOutput d(c, 256);
       RunArgs args = device_args(c, cache, q, d);
@@ -228,9 +229,10 @@ TEST(CudaDecodeF16, F16QueriesOverBf16MeetAnF16Tolerance) {
                         ref.out());
     };
     EXPECT_EQ(misses_on(KernelFamily::automatic), 0) << what << ": of " << ref.out().size();
-    if (row.heads == 8)
+    if (row.heads == 8) {
       EXPECT_GT(misses_on(KernelFamily::bf16_gather), 0)
           << what << ": q rounded to bf16 should miss the fp16 tolerance somewhere";
+    }
   }
 }
 
