@@ -173,7 +173,8 @@ void cuda_run(PlanState& plan, const RunArgs& args) {
   // Graph-mode plans launch their full capacity (idle CTAs exit at once), so a captured launch
   // stays valid when replan() changes the tile count.
   const std::int64_t grid = b.graph ? b.cap_tiles : b.num_tiles;
-  const KernelEntry k = kernel_entry(plan.family, kv.format, b.row_tiles, plan.device_id);
+  KernelEntry k = kernel_entry(plan.family, kv.format, b.row_tiles, plan.device_id);
+  if ((p.q_f16 || p.out_f16) && k.half_fn != nullptr) k.fn = k.half_fn;
   if (k.tensor_maps && grid > 0) {
     const int element = kv.format == KvFormat::bf16 ? 2 : 1;  // bytes
     encode_page_map(p.ckv_map, p.ckv, 512 * element, plan.page_size, plan.num_pages,

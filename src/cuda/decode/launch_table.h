@@ -16,6 +16,10 @@ struct KernelEntry {
   int threads = 256;         // CTA size
   int regs = 0;              // > 0: the register count the kernel's setmaxnreg split assumes
   bool tensor_maps = false;  // reads the cache through DecodeParams::ckv_map / kpe_map
+  // The kernel run() launches instead of fn when the plan's queries or output are fp16, for
+  // families that build one apart (same smem, threads and registers) so that fn holds no fp16
+  // conversion; nullptr: fn serves every dtype.
+  DecodeFn half_fn = nullptr;
 };
 
 // The kernel of `family` for a `format` cache and tiles of `row_tiles` 16-row m-tiles (1, 2 or 4)
@@ -51,7 +55,7 @@ KernelEntry entry(KvFormat format, int row_tiles, int device_id);
 }
 namespace portable {
 KernelEntry entry(KvFormat format, int row_tiles, int device_id);
-KernelEntry fp8_entry(KvFormat format, int row_tiles, int device_id);  // portable_fp8
+KernelEntry fp8_entry(KvFormat format, int row_tiles, int device_id);        // portable_fp8
 KernelEntry f16_exact_entry(KvFormat format, int row_tiles, int device_id);  // portable_f16_exact
 }  // namespace portable
 

@@ -21,13 +21,13 @@ namespace fp8mla::detail::ops {
 __device__ __forceinline__ void store_out2(__nv_bfloat16* dst, bool f16, float a, float b) {
   const __nv_bfloat162 x = __floats2bfloat162_rn(a, b);
   const __half2 y = __floats2half2_rn(a, b);
-  *reinterpret_cast<std::uint32_t*>(dst) = f16 ? reinterpret_cast<const std::uint32_t&>(y)
-                                               : reinterpret_cast<const std::uint32_t&>(x);
+  *reinterpret_cast<std::uint32_t*>(dst) =
+      f16 ? reinterpret_cast<const std::uint32_t&>(y) : reinterpret_cast<const std::uint32_t&>(x);
 }
 
-// store_out2 with the out dtype known at compile time: one conversion. For loops that a uniform
-// branch on DecodeParams::out_f16 can enclose (store_rows), where the select's second conversion
-// and moves cost wide_rows 1-10% at 128 heads (bench/results/h100_f16_branch.txt).
+// store_out2 with the out dtype known at compile time: one conversion (store_rows, whose kernels
+// are instantiated per dtype: the select's second conversion and moves cost wide_rows 1-10% at
+// 128 heads, bench/results/h100_f16_branch.txt).
 template <bool kF16>
 __device__ __forceinline__ void store_out2(__nv_bfloat16* dst, float a, float b) {
   if constexpr (kF16) {
@@ -86,8 +86,10 @@ __device__ __forceinline__ void write_row(const DecodeParams& p, const WorkTile&
 }
 
 // Epilogue: this thread's rows 16 warp + g + 8 h of O (output dims 256 group + 64 c + 8 n +
-// 2 tq, + 1) divided by the row sums l (whole rows), with max m: bf16 out (+ lse), or the fp32
-// partial row of a split.
+// 2 tq, + 1) divided by the row sums l (whole rows), with max m: bf16 out (fp16 when kHalfIo and
+// DecodeParams::out_f16; kHalfIo as load_q_panels takes it) (+ lse), or the fp32 partial row of a
+// split.
+template <bool kHalfIo>
 __device__ __forceinline__ void store_rows(const DecodeParams& p, const DeviceTile& tile, int group,
                                            int warp, int lane, const float (&o)[4][32],
                                            const float (&m)[2], const float (&l)[2]) {
@@ -113,8 +115,8 @@ __device__ __forceinline__ void store_rows(const DecodeParams& p, const DeviceTi
             store_out2<kF16>(dst + 64 * c + 8 * n, o[c][4 * n + 2 * h] * end.inv,
                              o[c][4 * n + 2 * h + 1] * end.inv);
       };
-      if (p.out_f16) {
-        store.template operator()<true>();
+      if (kHalfIo && p.out_f16) {
+        store.template operator()<kHalfIo>();
       } else {
         store.template operator()<false>();
       }

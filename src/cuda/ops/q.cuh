@@ -140,8 +140,8 @@ __device__ __forceinline__ void store_q_terms(const DecodeParams& p, const uint4
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const float2 f = bf16x2_to_float2(w[k]);
-        o[k] = bad ? 0x7fc07fc0u
-                   : float2_to_bf16x2(f.x * rs.pe_a * rs.pe_b, f.y * rs.pe_a * rs.pe_b);
+        o[k] =
+            bad ? 0x7fc07fc0u : float2_to_bf16x2(f.x * rs.pe_a * rs.pe_b, f.y * rs.pe_a * rs.pe_b);
       }
       *reinterpret_cast<uint4*>(smem + q_rope_offset<kRopeBf16At>(q_r, c - 64)) =
           make_uint4(o[0], o[1], o[2], o[3]);
@@ -163,14 +163,15 @@ __device__ __forceinline__ void store_q_terms(const DecodeParams& p, const uint4
 // values), L::kQInv = 2^-e; bf16 caches (L::kBf16): bf16 as given, kQInv = 1. L::kQAmax: 64
 // words of scratch; L::kQGroup: chunks a thread loads at once. Run by the two consumer warpgroups
 // (threads 0-255) alone: their barriers are named barrier 1 (rows64::kConsumerBarrier), and it ends
-// with one.
-template <class L>
+// with one. kHalfIo: the kernel's instantiation for plans with fp16 queries or outputs, which
+// reads DecodeParams::q_f16; the other instantiation takes bf16 queries only and holds no fp16
+// code.
+template <class L, bool kHalfIo>
 __device__ __forceinline__ void load_q_panels(const DecodeParams& p, const WorkTile& t, int q_first,
                                               float ratio, std::uint8_t* smem) {
   const int rows = t.q_count * t.head_count;
   // 8 bf16 values of row r, chunk c of 72; kF16: fp16 queries, rounded to bf16 (q_as_bf16). The
-  // load loop below is made once for each and chosen by a uniform branch: the select q_as_bf16
-  // makes for a runtime dtype cost wide_rows 1-10% at 128 heads (h100_f16_branch.txt).
+  // load loop below is made once for each dtype the instantiation serves.
   auto q_chunk = [&]<bool kF16>(int r, int c) {
     if (r >= rows) return make_uint4(0, 0, 0, 0);
     const std::int64_t tok = q_first + r / t.head_count, h = t.head_begin + r % t.head_count;
@@ -222,8 +223,8 @@ __device__ __forceinline__ void load_q_panels(const DecodeParams& p, const WorkT
       }
     }
   };
-  if (p.q_f16) {
-    load.template operator()<true>();
+  if (kHalfIo && p.q_f16) {
+    load.template operator()<kHalfIo>();
   } else {
     load.template operator()<false>();
   }

@@ -145,6 +145,8 @@ __device__ __forceinline__ void zero_v_rows(std::uint8_t* tile, int k0, int vali
   named_barrier_sync(kGroupBarrier + group, 128);
 }
 
+// kHalfIo: the instantiation for plans with fp16 queries or outputs (KernelEntry::half_fn).
+template <bool kHalfIo>
 __global__ void __launch_bounds__(kThreads, 1)
     bf16_wide_rows_kernel(const __grid_constant__ DecodeParams p) {
   using L = Layout;
@@ -202,7 +204,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       run(kRight);
     }
   }
-  ops::load_q_panels<L>(p, t, tile.q_first, 1.0f, smem);  // ends with a barrier of both warpgroups
+  ops::load_q_panels<L, kHalfIo>(p, t, tile.q_first, 1.0f,
+                                 smem);  // ends with a barrier of both warpgroups
   // Q's rope panel into registers (S's panel 8 takes A from them); warpgroup 1 writes P1 there
   // only after warpgroup 0's first kScale0Ready, which follows these loads.
   std::uint32_t qpe[4][4];
@@ -392,7 +395,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     m[h] = base_of[row0 + 8 * h];
     l[h] = sums[row0 + 8 * h] + sums[rows64::kRows + row0 + 8 * h];
   }
-  ops::store_rows(p, tile, group, warp, lane, o, m, l);
+  ops::store_rows<kHalfIo>(p, tile, group, warp, lane, o, m, l);
 }
 
 }  // namespace fp8mla::detail::bf16_wide_rows

@@ -4,8 +4,15 @@
 
 namespace fp8mla::detail::wide_rows {
 
+DecodeFn bf16_f16();  // bf16_f16.cu
+
 KernelEntry bf16() {
-  return {&wide_rows_kernel<KvFormat::bf16>, Layout<true>::kSmemBytes, kThreads, kLaunchRegs};
+  return {&wide_rows_kernel<KvFormat::bf16, false>,
+          Layout<true>::kSmemBytes,
+          kThreads,
+          kLaunchRegs,
+          false,
+          bf16_f16()};
 }
 
 }  // namespace fp8mla::detail::wide_rows
