@@ -15,22 +15,37 @@ import sys
 import types
 
 
+def _message(full):
+    return (f"{full}: sgl_kernel is not installed here; a stand-in satisfies SGLang's imports "
+            "(tests/python/sgl_kernel_stand_in.py) and none of its ops runs")
+
+
+class _StandInType(type):
+    """The type of a stand-in name: calling one raises NotImplementedError naming it, and its
+    attributes are stand-ins too, since SGLang reads some of sgl_kernel's values at import time
+    (quantization/utils.py: scalar_types.uint4b8). A class, so SGLang may also subclass one."""
+
+    def __call__(cls, *args, **kwargs):
+        raise NotImplementedError(_message(cls.__qualname__))
+
+    def __getattr__(cls, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _stand_in(f"{cls.__qualname__}.{name}")
+
+
+def _stand_in(full):
+    module, _, name = full.rpartition(".")
+    return _StandInType(name, (), {"__qualname__": full, "__module__": module})
+
+
 class _StandInModule(types.ModuleType):
-    """sgl_kernel or one of its submodules: every public attribute is a function that raises."""
+    """sgl_kernel or one of its submodules: every public attribute is a stand-in."""
 
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
-        full = f"{self.__name__}.{name}"
-
-        def missing(*args, **kwargs):
-            raise NotImplementedError(
-                f"{full}: sgl_kernel is not installed here; a stand-in satisfies SGLang's "
-                "imports (tests/python/sgl_kernel_stand_in.py) and none of its ops runs")
-
-        missing.__name__ = name
-        missing.__qualname__ = full
-        return missing
+        return _stand_in(f"{self.__name__}.{name}")
 
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
