@@ -27,7 +27,7 @@ __device__ __forceinline__ void store_out2(__nv_bfloat16* dst, bool f16, float a
 
 // store_out2 with the out dtype known at compile time: one conversion (store_rows, whose kernels
 // are instantiated per dtype: the select's second conversion and moves cost wide_rows 1-10% at
-// 128 heads, bench/results/h100_f16_branch.txt).
+// 128 heads: docs/design/wide_rows.md, tried and rejected).
 template <bool kF16>
 __device__ __forceinline__ void store_out2(__nv_bfloat16* dst, float a, float b) {
   if constexpr (kF16) {
