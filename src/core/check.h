@@ -6,6 +6,8 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <string_view>
+#include <tuple>
 #include <utility>
 
 #include "fp8mla/error.h"
@@ -21,14 +23,47 @@ std::string msg(Parts&&... parts) {
   return os.str();
 }
 
-// Throws Error(invalid_argument, argument, message) unless `ok`.
+// Message parts streamed only when a check fails, so that a passing check formats nothing (an
+// ostringstream costs ~1 us; plan() and run() make dozens of checks a call):
+//   join(name, ".shape[", i, "]")  streams as its parts, held by reference for the call;
+//   lazy([&] { return t.describe(); })  streams f()'s result.
 template <class... Parts>
-void require(bool ok, const std::string& argument, Parts&&... message) {
-  if (!ok) throw Error(ErrorCode::invalid_argument, argument, msg(std::forward<Parts>(message)...));
+struct Joined {
+  std::tuple<const Parts&...> parts;
+};
+template <class... Parts>
+Joined<Parts...> join(const Parts&... parts) {
+  return {{parts...}};
+}
+template <class... Parts>
+std::ostream& operator<<(std::ostream& os, const Joined<Parts...>& j) {
+  std::apply([&os](const auto&... p) { (os << ... << p); }, j.parts);
+  return os;
+}
+template <class F>
+struct Lazy {
+  F f;
+};
+template <class F>
+Lazy<F> lazy(F f) {
+  return {std::move(f)};
+}
+template <class F>
+std::ostream& operator<<(std::ostream& os, const Lazy<F>& l) {
+  return os << l.f();
+}
+
+// Throws Error(invalid_argument, argument, message) unless `ok`. The argument and the message are
+// anything msg() streams (a name, a std::string, join(...)), formatted only on failure.
+template <class Argument, class... Parts>
+void require(bool ok, const Argument& argument, const Parts&... message) {
+  if (!ok) [[unlikely]]
+    throw Error(ErrorCode::invalid_argument, msg(argument), msg(message...));
 }
 
 // Narrows a 64-bit count to int32 for device structures; fails loudly instead of wrapping.
-inline std::int32_t narrow_i32(std::int64_t v, const std::string& argument) {
+template <class Argument>
+std::int32_t narrow_i32(std::int64_t v, const Argument& argument) {
   require(v >= std::numeric_limits<std::int32_t>::min() &&
               v <= std::numeric_limits<std::int32_t>::max(),
           argument, "value ", v, " does not fit in int32");
@@ -75,13 +110,13 @@ enum TensorUse : unsigned {
 // in bytes within int64, and for kOutput distinct elements. A view with no elements is accepted
 // whatever its strides (numpy and nanobind give empty arrays stride 0): nothing is read or
 // written through it.
-void check_tensor(const TensorView& t, const std::string& name, std::initializer_list<DType> dtypes,
+void check_tensor(const TensorView& t, std::string_view name, std::initializer_list<DType> dtypes,
                   std::initializer_list<std::int64_t> shape, DeviceKind device, int device_id,
                   unsigned use = kInput);
 
 // The ndim and extents of a view are in range: ndim in [0, kMaxDims], every extent >= 0 (what
 // check_tensor checks first; for views whose shape is checked by hand).
-void check_rank(const TensorView& t, const std::string& name);
+void check_rank(const TensorView& t, std::string_view name);
 
 // Only fp8mla::Error leaves the library. Called from a catch (...) block of a public entry point
 // (`function` names it), rethrows the exception being handled: an Error as it is,

@@ -181,7 +181,7 @@ void encode_token(KvFormat format, float scale, std::span<const float> in,
   if (nan == NanPolicy::error) {
     // Checked up front so that a rejected token leaves `out` untouched.
     for (std::size_t i = 0; i < in.size(); ++i) {
-      detail::require(!std::isnan(in[i]), detail::msg("in[", i, "]"), "is NaN (NanPolicy::error)");
+      detail::require(!std::isnan(in[i]), detail::join("in[", i, "]"), "is NaN (NanPolicy::error)");
     }
   }
   const float* x = in.data();

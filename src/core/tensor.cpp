@@ -119,7 +119,7 @@ TensorView view_with_shape(void* data, DType dtype, std::initializer_list<std::i
   t.device_id = device_id;
   int i = 0;
   for (std::int64_t extent : shape) {
-    detail::require(extent >= 0, detail::msg("shape[", i, "]"), "extent ", extent, " is negative");
+    detail::require(extent >= 0, detail::join("shape[", i, "]"), "extent ", extent, " is negative");
     t.shape[i++] = extent;
   }
   return t;
@@ -146,7 +146,7 @@ TensorView make_strided_view(void* data, DType dtype, std::initializer_list<std:
                   " entries but shape has ", shape.size());
   int i = 0;
   for (std::int64_t s : stride) {
-    detail::require(s >= 0, detail::msg("stride[", i, "]"), "stride ", s,
+    detail::require(s >= 0, detail::join("stride[", i, "]"), "stride ", s,
                     " is negative (not supported)");
     t.stride[i++] = s;
   }

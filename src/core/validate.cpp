@@ -30,7 +30,7 @@ template <class... Parts>
 // [0, INT32_MAX] and differences of entries cannot overflow).
 void check_indptr(I32Span a, const char* name, std::size_t entries) {
   require(a.size() == entries, name, "expected ", entries, " entries (batch + 1), got ", a.size());
-  require(a[0] == 0, msg(name, "[0]"), a[0], " must be 0");
+  require(a[0] == 0, join(name, "[0]"), a[0], " must be 0");
   for (std::size_t i = 1; i < entries; ++i) {
     if (a[i] < a[i - 1]) {
       fail_at(name, static_cast<std::int64_t>(i), a[i], " is less than ", name, "[", i - 1,
@@ -77,7 +77,8 @@ void check_borrowed_pages(const Problem& p, std::int64_t entries) {
 }
 
 // rows = a x b <= kMaxRows, for a, b >= 0 that each fit in int32 (no overflow in int64).
-void require_rows(std::int64_t a, std::int64_t b, const char* argument, const char* what) {
+template <class Argument>
+void require_rows(std::int64_t a, std::int64_t b, const Argument& argument, const char* what) {
   require(a * b <= kMaxRows, argument, what, " = ", a, " x ", b, " = ", a * b,
           " rows (query tokens x heads) exceed the bound ", kMaxRows, " (fp8mla/limits.h)");
 }
@@ -142,7 +143,7 @@ void validate_arrays(const Problem& p, const PlanOptions& o, bool page_ids) {
   const std::size_t batch = p.qo_indptr.size() - 1;
   check_indptr(p.qo_indptr, "qo_indptr", batch + 1);
   const std::int64_t total_q = p.qo_indptr[batch];
-  require_rows(total_q, p.num_heads, msg("qo_indptr[", batch, "]").c_str(), "total_q x num_heads");
+  require_rows(total_q, p.num_heads, join("qo_indptr[", batch, "]"), "total_q x num_heads");
   const bool sparse = p.topk > 0;
 
   const bool device_pages = p.device_kv_indices.defined();
@@ -157,7 +158,7 @@ void validate_arrays(const Problem& p, const PlanOptions& o, bool page_ids) {
       check_borrowed_pages(p, p.kv_indptr[batch]);
     } else {
       require(static_cast<std::size_t>(p.kv_indptr[batch]) == p.kv_indices.size(),
-              msg("kv_indptr[", batch, "]"), p.kv_indptr[batch],
+              join("kv_indptr[", batch, "]"), p.kv_indptr[batch],
               " must equal kv_indices.size() = ", p.kv_indices.size());
       if (page_ids) check_pages(p.kv_indices, p.num_pages);
     }
@@ -228,8 +229,8 @@ void validate_arrays(const Problem& p, const PlanOptions& o, bool page_ids) {
           device_pages ? "device_kv_indices"
           : borrowed   ? "borrowed_kv_indices"
                        : "kv_indices",
-          "size ", page_table, " exceeds the graph capacity options.max_kv_indices = ",
-          o.max_kv_indices);
+          "size ", page_table,
+          " exceeds the graph capacity options.max_kv_indices = ", o.max_kv_indices);
   const std::int64_t max_qo_len = graph_max_qo_len(o);
   for (std::size_t r = 0; r < batch; ++r) {
     const std::int64_t qo_len = std::int64_t{p.qo_indptr[r + 1]} - p.qo_indptr[r];

@@ -82,7 +82,7 @@ void prepare(const KernelEntry& k) {
 }
 
 void require_aligned(const void* p, std::int64_t bytes_stride_a, std::int64_t bytes_stride_b,
-                     int align, const std::string& name) {
+                     int align, const char* name) {
   const bool ok = reinterpret_cast<std::uintptr_t>(p) % align == 0 && bytes_stride_a % align == 0 &&
                   bytes_stride_b % align == 0;
   if (!ok) {
