@@ -86,6 +86,8 @@ constexpr Set kFast = 1;
 constexpr Set kF16Queries = 2;
 // Tiles.
 constexpr Set kShortTiles = bit(TileClass::short_tiles);
+// Waves.
+constexpr Set kOneWave = bit(WaveClass::one);
 
 struct Arch {
   int min, max;  // compute capabilities (10 * major + minor), inclusive; {0, 0}: the CPU
@@ -101,61 +103,64 @@ constexpr Arch kSm90Up{90, 119};
 
 struct Row {
   Arch arch;
-  Set format, rows, mode, pages, scale, scores, queries, tiles;
+  Set format, rows, mode, pages, scale, scores, queries, tiles, waves;
   KernelFamily family;
 };
 
 // clang-format off
 constexpr Row kDispatchTable[] = {
-  // arch    format         rows     mode     pages         scale  scores queries      tiles        family
-  {kCpu,    kAll,          kAll,    kAll,    kAll,         kAll,  kAll,  kAll,        kAll,        KernelFamily::cpu_fast},
-  {kCpu,    kAll,          kAll,    kAll,    kAll,         kAll,  kAll,  kAll,        kAll,        KernelFamily::cpu_reference},
+  // arch    format         rows     mode     pages         scale  scores queries      tiles        waves     family
+  {kCpu,    kAll,          kAll,    kAll,    kAll,         kAll,  kAll,  kAll,        kAll,        kAll,     KernelFamily::cpu_fast},
+  {kCpu,    kAll,          kAll,    kAll,    kAll,         kAll,  kAll,  kAll,        kAll,        kAll,     KernelFamily::cpu_reference},
   // fp16 queries over a bf16 cache, on every GPU from sm_80: fp16-exact products (the other
   // families round fp16 queries to bf16).
-  {kSm80Up, kBf16,         kAll,    kAll,    kAll,         kAll,  kAll,  kF16Queries, kAll,        KernelFamily::portable_f16_exact},
+  {kSm80Up, kBf16,         kAll,    kAll,    kAll,         kAll,  kAll,  kF16Queries, kAll,        kAll,     KernelFamily::portable_f16_exact},
   // 17-64 rows: bf16 dense pages of >= 64 tokens (a block is one page's run of nine tensor-map
   // boxes), else the warp-specialized family (every format; for the block format its producer
   // warpgroup dequantizes while the 64-row tile's tensor work runs).
-  {kSm90,   kBf16,         kRows64, kDense,  kPagesFrom64, kAll,  kAll,  kAll,        kAll,        KernelFamily::bf16_wide_rows},
-  {kSm90,   kAll,          kRows64, kAll,    kAll,         kAll,  kAll,  kAll,        kAll,        KernelFamily::wide_rows},
+  {kSm90,   kBf16,         kRows64, kDense,  kPagesFrom64, kAll,  kAll,  kAll,        kAll,        kAll,     KernelFamily::bf16_wide_rows},
+  {kSm90,   kAll,          kRows64, kAll,    kAll,         kAll,  kAll,  kAll,        kAll,        kAll,     KernelFamily::wide_rows},
   // <= 16 rows, bf16 dense: tensor-map boxes of page runs while tiles are short; per-token copies
   // by producer warps on pages of < 8 tokens (a one-token box into the swizzled tile faults) and
   // for long tiles (their copies outrun the boxes, while a first block landing later costs
   // short tiles more).
-  {kSm90,   kBf16,         kRows16, kDense,  kPagesFrom8,  kAll,  kAll,  kAll,        kShortTiles, KernelFamily::bf16_tma},
-  {kSm90,   kBf16,         kRows16, kDense,  kAll,         kAll,  kAll,  kAll,        kAll,        KernelFamily::bf16_gather},
+  {kSm90,   kBf16,         kRows16, kDense,  kPagesFrom8,  kAll,  kAll,  kAll,        kShortTiles, kAll,     KernelFamily::bf16_tma},
+  {kSm90,   kBf16,         kRows16, kDense,  kAll,         kAll,  kAll,  kAll,        kAll,        kAll,     KernelFamily::bf16_gather},
   // <= 16 rows, fp8_e4m3 dense with fast scores and a power-of-two ratio: S on fp8 tensor cores.
-  {kSm90,   kFp8,          kRows16, kDense,  kPagesFrom8,  kPow2, kFast, kAll,        kAll,        KernelFamily::fp8_tma},
-  {kSm90,   kFp8,          kRows16, kDense,  kPagesUnder8, kPow2, kFast, kAll,        kAll,        KernelFamily::fp8_gather},
-  // ... and sparse index lists (per-token copies, skipped slots masked by their flags).
-  {kSm90,   kFp8,          kRows16, kSparse, kAll,         kPow2, kFast, kAll,        kAll,        KernelFamily::fp8_gather},
+  {kSm90,   kFp8,          kRows16, kDense,  kPagesFrom8,  kPow2, kFast, kAll,        kAll,        kAll,     KernelFamily::fp8_tma},
+  {kSm90,   kFp8,          kRows16, kDense,  kPagesUnder8, kPow2, kFast, kAll,        kAll,        kAll,     KernelFamily::fp8_gather},
+  // ... and sparse index lists (per-token copies, skipped slots masked by their flags) that fit
+  // one wave of its one CTA an SM; more tiles go to fp8_exact below, whose two CTAs an SM
+  // overlap two tiles' chains (bs 128 x 2 query tokens: 112 against 119 us, fp8_gather.md).
+  {kSm90,   kFp8,          kRows16, kSparse, kAll,         kPow2, kFast, kAll,        kAll,        kOneWave, KernelFamily::fp8_gather},
   // <= 16 rows, the block format with fast scores: fp8 tensor-core scores from the gathered rows.
-  {kSm90,   kBlock,        kRows16, kAll,    kAll,         kAll,  kFast, kAll,        kAll,        KernelFamily::fp8_gather},
+  {kSm90,   kBlock,        kRows16, kAll,    kAll,         kAll,  kFast, kAll,        kAll,        kAll,     KernelFamily::fp8_gather},
   // <= 16 rows, fp8_e4m3 otherwise (exact scores, any ratio) and the block format:
   // fp16 products of the codes as they lie in the staged tokens.
-  {kSm90,   kFp8 | kBlock, kRows16, kAll,    kAll,         kAll,  kAll,  kAll,        kAll,        KernelFamily::fp8_exact},
-  {kSm90,   kBlock,        kRows16, kAll,    kAll,         kAll,  kAll,  kAll,        kAll,        KernelFamily::wide_rows},
+  {kSm90,   kFp8 | kBlock, kRows16, kAll,    kAll,         kAll,  kAll,  kAll,        kAll,        kAll,     KernelFamily::fp8_exact},
+  {kSm90,   kBlock,        kRows16, kAll,    kAll,         kAll,  kAll,  kAll,        kAll,        kAll,     KernelFamily::wide_rows},
   // bf16 sparse lists of <= 16 rows, and the block format when forced.
-  {kSm90,   kBlock,        kAll,    kAll,    kAll,         kAll,  kAll,  kAll,        kAll,        KernelFamily::shared_tile},
-  {kSm90,   kBf16,         kRows16, kAll,    kAll,         kAll,  kAll,  kAll,        kAll,        KernelFamily::shared_tile},
+  {kSm90,   kBlock,        kAll,    kAll,    kAll,         kAll,  kAll,  kAll,        kAll,        kAll,     KernelFamily::shared_tile},
+  {kSm90,   kBf16,         kRows16, kAll,    kAll,         kAll,  kAll,  kAll,        kAll,        kAll,     KernelFamily::shared_tile},
   // Every other GPU from sm_80: the portable family, fp8 products where the tensor cores have
   // them (fp8_e4m3, fast scores).
-  {kSm89,   kFp8,          kAll,    kAll,    kAll,         kAll,  kFast, kAll,        kAll,        KernelFamily::portable_fp8},
-  {kSm12x,  kFp8,          kAll,    kAll,    kAll,         kAll,  kFast, kAll,        kAll,        KernelFamily::portable_fp8},
-  {kSm80Up, kAll,          kAll,    kAll,    kAll,         kAll,  kAll,  kAll,        kAll,        KernelFamily::portable},
+  {kSm89,   kFp8,          kAll,    kAll,    kAll,         kAll,  kFast, kAll,        kAll,        kAll,     KernelFamily::portable_fp8},
+  {kSm12x,  kFp8,          kAll,    kAll,    kAll,         kAll,  kFast, kAll,        kAll,        kAll,     KernelFamily::portable_fp8},
+  {kSm80Up, kAll,          kAll,    kAll,    kAll,         kAll,  kAll,  kAll,        kAll,        kAll,     KernelFamily::portable},
   // Served when forced (never first: the rows above match first), at <= 16 rows: sm_90 and
   // sm_100 emulate the instruction (src/cuda/decode/portable/kernel.cuh).
-  {kSm90Up, kFp8,          kRows16, kAll,    kAll,         kAll,  kFast, kAll,        kAll,        KernelFamily::portable_fp8},
+  {kSm90Up, kFp8,          kRows16, kAll,    kAll,         kAll,  kFast, kAll,        kAll,        kAll,     KernelFamily::portable_fp8},
 };
 // clang-format on
 
+// any_tile: ignore the columns decided after the partition (tiles, waves).
 bool matches(const Row& r, const DispatchKey& k, bool any_tile) {
   const bool sparse = k.sparse, any_ratio = k.any_scale_ratio, exact = k.exact_scores;
   return k.arch >= r.arch.min && k.arch <= r.arch.max && (r.format & bit(k.format)) != 0 &&
          (r.rows & bit(k.rows)) != 0 && (r.mode & (sparse ? kSparse : kDense)) != 0 &&
          (r.pages & bit(k.pages)) != 0 && (r.scale & (any_ratio ? 2 : 1)) != 0 &&
          (r.scores & (exact ? 2 : 1)) != 0 && (r.queries & (k.f16_queries ? 2 : 1)) != 0 &&
-         (any_tile || (r.tiles & bit(k.tiles)) != 0);
+         (any_tile || ((r.tiles & bit(k.tiles)) != 0 && (r.waves & bit(k.waves)) != 0));
 }
 
 std::string describe(const DispatchKey& k) {
@@ -180,6 +185,9 @@ PageClass page_class(int page_size) {
 }
 TileClass tile_class(std::int64_t longest_tile_tokens) {
   return longest_tile_tokens < kLongTileTokens ? TileClass::short_tiles : TileClass::long_tiles;
+}
+WaveClass wave_class(std::int64_t tiles, std::int64_t tiles_in_flight) {
+  return tiles <= tiles_in_flight ? WaveClass::one : WaveClass::several;
 }
 
 KernelFamily first_match(const DispatchKey& key) {

@@ -14,9 +14,12 @@
 //   scores   fast (fp8 tensor cores allowed) or exact (PlanOptions::exact_scores)
 //   queries  the query dtype: bf16 or fp16 (Problem::q_dtype)
 //   tiles    the longest tile: < 32 blocks of 64 tokens or longer (decided after the partition)
+//   waves    the partition's tiles: one wave (at most sm_count x ctas_per_sm of the family it
+//            was made for) or several (decided after the partition)
 // The first row whose every column holds the key's value is the family. A row also states what
 // its family can serve: PlanOptions::kernel_family accepts a family when one of its rows matches
-// the key in every column but `tiles` (rows below an earlier match serve only such requests).
+// the key in every column but `tiles` and `waves` (rows below an earlier match serve only such
+// requests).
 //
 // Adding a family: its KernelFamily enumerator and name (include/fp8mla/attention.h,
 // dispatch.cpp's kNames), its rows here, and its entry in the CUDA launch table.
@@ -31,6 +34,7 @@ namespace fp8mla::detail {
 enum class RowsClass : std::uint8_t { upto16, upto64 };
 enum class PageClass : std::uint8_t { under8, under64, large };
 enum class TileClass : std::uint8_t { short_tiles, long_tiles };
+enum class WaveClass : std::uint8_t { one, several };
 
 // Tiles of at least this many kv tokens are long (TileClass::long_tiles).
 inline constexpr std::int64_t kLongTileTokens = 32 * 64;
@@ -45,11 +49,13 @@ struct DispatchKey {
   bool exact_scores = false;
   bool f16_queries = false;
   TileClass tiles = TileClass::short_tiles;
+  WaveClass waves = WaveClass::one;
 };
 
 RowsClass rows_class(int rows);
 PageClass page_class(int page_size);
 TileClass tile_class(std::int64_t longest_tile_tokens);
+WaveClass wave_class(std::int64_t tiles, std::int64_t tiles_in_flight);
 
 // The family for `key`: `requested` when it is not automatic and one of its rows serves the key
 // (any tile length), else Error(invalid_argument, "options.kernel_family") naming it and the
@@ -57,7 +63,7 @@ TileClass tile_class(std::int64_t longest_tile_tokens);
 KernelFamily choose_family(const DispatchKey& key, KernelFamily requested);
 // The first row's family for `key`, or automatic when no row matches.
 KernelFamily first_match(const DispatchKey& key);
-// Whether a row of `family` serves `key` (every column but `tiles`).
+// Whether a row of `family` serves `key` (every column but `tiles` and `waves`).
 bool family_serves(KernelFamily family, const DispatchKey& key);
 
 // The family computes fp8_e4m3 scores on fp8 tensor cores and needs kpe_scale / ckv_scale to be

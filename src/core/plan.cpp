@@ -115,9 +115,10 @@ int kernel_rows(const Problem& p, const PlanOptions& o) {
 }
 
 // The problem as the dispatch table sees it: tiles of up to `rows` rows, the longest tile
-// `longest_tile` kv tokens.
+// `longest_tile` kv tokens, the partition's tiles in `waves`.
 detail::DispatchKey dispatch_key(const Problem& p, const PlanOptions& o, int arch, int rows,
-                                 std::int64_t longest_tile) {
+                                 std::int64_t longest_tile,
+                                 detail::WaveClass waves = detail::WaveClass::one) {
   return {.arch = arch,
           .format = p.kv_format,
           .rows = detail::rows_class(rows),
@@ -126,7 +127,8 @@ detail::DispatchKey dispatch_key(const Problem& p, const PlanOptions& o, int arc
           .any_scale_ratio = o.any_scale_ratio,
           .exact_scores = o.exact_scores,
           .f16_queries = p.q_dtype == DType::f16,
-          .tiles = detail::tile_class(longest_tile)};
+          .tiles = detail::tile_class(longest_tile),
+          .waves = waves};
 }
 
 // FP8MLA_KERNEL_FAMILY in the environment: a family plans use where they leave the choice to
@@ -310,16 +312,19 @@ PlanState build_state(const Problem& p, const PlanOptions& o, int sm_count,
     s.ctas_per_sm = original->ctas_per_sm;
     partition(s);
   } else {
-    // The family depends on the longest tile, which the partition decides, and the partition on
-    // the family's residency: partition for the family chosen for short tiles, then choose with
-    // the partition's longest tile; a family of another residency gets its own partition.
+    // The family depends on the longest tile and the tile count, which the partition decides,
+    // and the partition on the family's residency: partition for the family chosen for short
+    // tiles in one wave, then choose with the partition's longest tile and its waves at that
+    // residency; a family of another residency gets its own partition.
     const detail::DispatchKey key = dispatch_key(p, o, s.arch, s.kernel_rows, 0);
     const KernelFamily requested = requested_family(p, o, key);
     const KernelFamily first = detail::choose_family(key, requested);
     s.ctas_per_sm = resolve_ctas_per_sm(s, first);
     partition(s);
-    s.family =
-        detail::choose_family(dispatch_key(p, o, s.arch, s.kernel_rows, s.longest_tile), requested);
+    const detail::WaveClass waves =
+        detail::wave_class(static_cast<std::int64_t>(s.tiles.size()), target_tiles(s));
+    s.family = detail::choose_family(
+        dispatch_key(p, o, s.arch, s.kernel_rows, s.longest_tile, waves), requested);
     if (s.family != first) {
       const int ctas = resolve_ctas_per_sm(s, s.family);
       if (ctas != s.ctas_per_sm) {

@@ -178,6 +178,28 @@ TEST(Dispatch, F16QueriesOverBf16RunFp16ExactProducts) {
   EXPECT_THROW(detail::choose_family(cpu, F::portable_f16_exact), Error);
 }
 
+TEST(Dispatch, SparseFp8TilesBeyondOneWaveRunTwoCtasAnSm) {
+  // fp8_gather runs one CTA an SM: sparse fp8_e4m3 tiles beyond one wave of it go to fp8_exact,
+  // whose two CTAs an SM overlap two tiles' chains. The block format and dense pages keep their
+  // families; forcing fp8_gather still serves the key.
+  EXPECT_EQ(detail::wave_class(132, 132), detail::WaveClass::one);
+  EXPECT_EQ(detail::wave_class(133, 132), detail::WaveClass::several);
+  for (const int page : {1, 64}) {
+    DispatchKey sparse = key_for(KvFormat::fp8_e4m3, 16, true, page, false, false, 2048);
+    EXPECT_EQ(detail::choose_family(sparse, F::automatic), F::fp8_gather) << page;
+    sparse.waves = detail::WaveClass::several;
+    EXPECT_EQ(detail::choose_family(sparse, F::automatic), F::fp8_exact) << page;
+    EXPECT_EQ(detail::choose_family(sparse, F::fp8_gather), F::fp8_gather) << page;
+    DispatchKey block = key_for(KvFormat::fp8_e4m3_block, 16, true, page, false, false, 2048);
+    block.waves = detail::WaveClass::several;
+    EXPECT_EQ(detail::choose_family(block, F::automatic), F::fp8_gather) << page;
+    DispatchKey dense = key_for(KvFormat::fp8_e4m3, 16, false, page, false, false, 2048);
+    dense.waves = detail::WaveClass::several;
+    EXPECT_EQ(detail::choose_family(dense, F::automatic), page == 1 ? F::fp8_gather : F::fp8_tma)
+        << page;
+  }
+}
+
 TEST(Dispatch, ForcedFamilyServesOrIsNamed) {
   // Forced where a row of the family covers the key: kept, even where the table prefers another.
   const DispatchKey fp8_small = key_for(KvFormat::fp8_e4m3, 16, false, 64, false, false, 0);

@@ -64,6 +64,39 @@ TEST(CudaPlan, SmallProblemsTakeOneTilePerSm) {
 // tiles at 16 rows by itself (max_tile_rows = 0; src/core/dispatch.h, choose_max_tile_rows), and
 // the capped plan matches the reference; with longer contexts, more requests,
 // exact_scores, a bf16 cache or a graph plan sized for more it keeps tiles of up to 64 rows.
+// Sparse fp8_e4m3 lists at 8 heads: a tile a query token. 128 tokens fit one wave of
+// fp8_gather's one CTA an SM on a 132-SM GPU and run there; 256 (128 requests x 2 tokens, MTP)
+// do not and run fp8_exact, two CTAs an SM (the dispatch table's waves column).
+TEST(CudaPlan, SparseTilesBeyondOneWaveLeaveFp8Gather) {
+  SKIP_WITHOUT_GPU();
+  if (family_forced())
+    GTEST_SKIP() << "FP8MLA_KERNEL_FAMILY=" << std::getenv("FP8MLA_KERNEL_FAMILY");
+  if (detail::cuda_compute_capability(0) != 90) GTEST_SKIP() << "the Hopper families' rule";
+  const int sms = detail::cuda_sm_count(0);
+  const int topk = 64;
+  auto family_for = [&](int tokens) {
+    std::vector<std::int32_t> qo{0, tokens}, sparse(static_cast<std::size_t>(tokens) * topk);
+    for (std::size_t i = 0; i < sparse.size(); ++i) sparse[i] = static_cast<std::int32_t>(i % 4096);
+    Problem pb;
+    pb.num_heads = 8;
+    pb.page_size = 1;
+    pb.num_pages = 4096;
+    pb.kv_format = KvFormat::fp8_e4m3;
+    pb.sm_scale = 0.07f;
+    pb.topk = topk;
+    pb.qo_indptr = qo;
+    pb.sparse_indices = sparse;
+    pb.device = DeviceKind::cuda;
+    const Plan pl = plan(pb);
+    return std::make_pair(pl.kernel_family(), static_cast<int>(pl.tiles().size()));
+  };
+  const auto [one_wave, one_tiles] = family_for(sms);
+  EXPECT_EQ(one_wave, KernelFamily::fp8_gather) << one_tiles << " tiles";
+  const auto [two_waves, two_tiles] = family_for(2 * sms);
+  EXPECT_GT(two_tiles, sms);
+  EXPECT_EQ(two_waves, KernelFamily::fp8_exact) << two_tiles << " tiles";
+}
+
 TEST(CudaPlan, FewMultiTokenRequestsTakeSixteenRowTiles) {
   SKIP_WITHOUT_GPU();
   const int sms = detail::cuda_sm_count(0);
