@@ -214,15 +214,11 @@ struct HostArrays {
 
 HostArrays host_arrays(const PlanState& plan) {
   HostArrays h;
-  auto split_rows = [&](int r) {
-    return plan.num_splits[r] <= 1 ? 0
-                                   : (plan.qo_indptr[r + 1] - plan.qo_indptr[r]) * plan.num_heads;
-  };
-  std::size_t merge_rows = 0;
-  for (int r = 0; r < plan.batch; ++r) merge_rows += static_cast<std::size_t>(split_rows(r));
-  h.merge.reserve(merge_rows);
-  for (int r = 0; r < plan.batch; ++r)
-    for (int row = 0, rows = split_rows(r); row < rows; ++row) h.merge.push_back({r, row});
+  for (int r = 0; r < plan.batch; ++r) {
+    if (plan.num_splits[r] <= 1) continue;
+    const int rows = (plan.qo_indptr[r + 1] - plan.qo_indptr[r]) * plan.num_heads;
+    for (int row = 0; row < rows; ++row) h.merge.push_back({r, row});
+  }
   for (const WorkTile& t : plan.tiles) h.max_rows = std::max(h.max_rows, t.q_count * t.head_count);
   h.tiles.reserve(plan.tiles.size());
   const bool sparse = plan.topk > 0;
@@ -415,28 +411,20 @@ void cuda_upload_plan_async(PlanState& plan, void* stream) {
   };
   auto copy = [&](std::size_t offset, std::size_t bytes) {  // slot -> arena, stream-ordered
     if (bytes == 0) return;
-    FP8MLA_CUDA_CHECK(
-        cudaMemcpyAsync(b.arena + offset, base + offset, bytes, cudaMemcpyHostToDevice, s));
+    FP8MLA_CUDA_CHECK(cudaMemcpyAsync(b.arena + offset, base + offset, bytes,
+                                      cudaMemcpyHostToDevice, s));
   };
   // One copy for counts ... partial_offset and the live tiles (the capacities' slack between them
-  // carries stale slot bytes, which no kernel reads: each reads below the live sizes), the live
-  // merge rows in the same copy when the tiles' unused capacity before them is small (a copy
-  // costs the host ~2-4 us; 16 KB more on the link costs the stream well under 1 us), then the
-  // sparse lists and the page table: one to four copies a replan, not eight.
-  constexpr std::size_t kJoinedSlackBytes = 16 << 10;
+  // carries stale slot bytes, which no kernel reads: each reads below the live sizes), then the
+  // live merge rows, sparse lists and page table: one to four copies a replan, not eight.
   fill(l.counts, h.counts);
   fill(l.qo_indptr, plan.qo_indptr);
   fill(l.num_splits, plan.num_splits);
   fill(l.partial_offset, plan.partial_offset);
   fill(l.tiles, h.tiles);
+  copy(0, l.tiles + bytes_of(h.tiles));
   fill(l.merge, h.merge);
-  const std::size_t tiles_end = l.tiles + bytes_of(h.tiles);
-  if (!h.merge.empty() && l.merge - tiles_end <= kJoinedSlackBytes) {
-    copy(0, l.merge + bytes_of(h.merge));
-  } else {
-    copy(0, tiles_end);
-    copy(l.merge, bytes_of(h.merge));
-  }
+  copy(l.merge, bytes_of(h.merge));
   fill(l.sparse, plan.sparse_indices);
   copy(l.sparse, bytes_of(plan.sparse_indices));
   if (b.staging_pages) {
