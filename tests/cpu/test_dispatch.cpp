@@ -12,6 +12,7 @@
 #include "fp8mla/attention.h"
 #include "fp8mla/error.h"
 #include "src/core/dispatch.h"
+#include "tests/common/expect_error.h"
 
 namespace fp8mla {
 namespace {
@@ -87,14 +88,9 @@ TEST(Dispatch, CpuPlansTakeTheCpuFamilies) {
 TEST(Dispatch, GpusBeforeAmpereAreUnsupported) {
   for (const int arch : {70, 75}) {
     const DispatchKey k = key_for(KvFormat::bf16, 16, false, 64, false, false, 0, arch);
-    try {
-      detail::choose_family(k, F::automatic);
-      ADD_FAILURE() << "sm_" << arch << " accepted";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::unsupported);
-      EXPECT_NE(std::string(e.what()).find("sm_" + std::to_string(arch)), std::string::npos)
-          << e.what();
-    }
+    const std::string sm = "sm_" + std::to_string(arch);
+    test::expect_error([&] { detail::choose_family(k, F::automatic); }, {sm.c_str()},
+                       ErrorCode::unsupported);
   }
 }
 
@@ -232,15 +228,12 @@ TEST(Dispatch, ForcedFamilyServesOrIsNamed) {
       {fp8_small, F::cpu_fast},
   };
   for (const auto& r : refused) {
-    try {
-      detail::choose_family(r.key, r.family);
-      ADD_FAILURE() << kernel_family_name(r.family) << " accepted";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
-      EXPECT_EQ(e.argument(), "options.kernel_family");
-      EXPECT_NE(std::string(e.what()).find(kernel_family_name(r.family)), std::string::npos)
-          << e.what();
-    }
+    SCOPED_TRACE(kernel_family_name(r.family));
+    const Error e = test::error_of([&] { detail::choose_family(r.key, r.family); });
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+    EXPECT_EQ(e.argument(), "options.kernel_family");
+    EXPECT_NE(std::string(e.what()).find(kernel_family_name(r.family)), std::string::npos)
+        << e.what();
   }
 }
 
@@ -250,13 +243,7 @@ TEST(Dispatch, NamesRoundTrip) {
                     F::bf16_wide_rows, F::portable, F::portable_fp8, F::portable_f16_exact})
     EXPECT_EQ(parse_kernel_family(kernel_family_name(f)), f) << kernel_family_name(f);
   EXPECT_STREQ(kernel_family_name(F::automatic), "auto");
-  try {
-    parse_kernel_family("fp8frag");
-    ADD_FAILURE() << "unknown name accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
-    EXPECT_NE(std::string(e.what()).find("fp8_exact"), std::string::npos) << e.what();
-  }
+  test::expect_error([] { parse_kernel_family("fp8frag"); }, {"fp8_exact"});
 }
 
 TEST(Dispatch, ScaleRatioIsAPowerOfTwo) {
@@ -396,13 +383,9 @@ TEST(Dispatch, PlanRecordsItsFamily) {
   o.kernel_family = F::cpu_reference;
   EXPECT_EQ(plan(p, o).kernel_family(), F::cpu_reference);
   o.kernel_family = F::fp8_tma;
-  try {
-    (void)plan(p, o);
-    ADD_FAILURE() << "fp8_tma accepted for a CPU plan";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "options.kernel_family");
-    EXPECT_NE(std::string(e.what()).find("fp8_tma"), std::string::npos) << e.what();
-  }
+  const Error e = test::error_of([&] { (void)plan(p, o); });
+  EXPECT_EQ(e.argument(), "options.kernel_family") << "fp8_tma for a CPU plan";
+  EXPECT_NE(std::string(e.what()).find("fp8_tma"), std::string::npos) << e.what();
 }
 
 }  // namespace

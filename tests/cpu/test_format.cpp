@@ -19,6 +19,7 @@
 
 #include "fp8mla/error.h"
 #include "fp8mla/format.h"
+#include "tests/common/expect_error.h"
 #include "tests/common/test_util.h"
 
 namespace fp8mla {
@@ -165,13 +166,8 @@ TEST(Format, TokenBytesAndNames) {
   EXPECT_EQ(parse_format("fp8_block"), KvFormat::fp8_e4m3_block);
   EXPECT_EQ(parse_format("block656"), KvFormat::fp8_e4m3_block);
   for (const char* bad : {"", "FP8", "fp16", "bf16 ", "e4m3"}) {
-    try {
-      parse_format(bad);
-      ADD_FAILURE() << "parse_format(\"" << bad << "\") did not throw";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
-      EXPECT_NE(std::string(e.what()).find("fp8_e4m3_block"), std::string::npos) << e.what();
-    }
+    SCOPED_TRACE(::testing::Message() << "parse_format(\"" << bad << "\")");
+    test::expect_error([&] { parse_format(bad); }, {"fp8_e4m3_block"});
   }
 }
 
@@ -327,10 +323,9 @@ TEST(Format, NanPolicyErrorThrowsAndWritesNothing) {
     bad[index] = std::numeric_limits<float>::quiet_NaN();
     for (KvFormat f : kFormats) {
       std::vector<std::uint8_t> out(static_cast<std::size_t>(token_bytes(f)), 0xab);
-      try {
-        encode_token(f, 1.0f, bad, out, NanPolicy::error);
-        ADD_FAILURE() << format_name(f) << ": NaN at " << index << " was accepted";
-      } catch (const Error& e) {
+      {
+        SCOPED_TRACE(::testing::Message() << format_name(f) << ": NaN at " << index);
+        const Error e = test::error_of([&] { encode_token(f, 1.0f, bad, out, NanPolicy::error); });
         EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
         EXPECT_EQ(e.argument(), "in[" + std::to_string(index) + "]") << e.what();
       }
@@ -415,20 +410,14 @@ TEST(Format, BadScaleErrors) {
   const float inf = std::numeric_limits<float>::infinity();
   for (const float scale :
        {0.0f, -0.0f, -1.0f, inf, -inf, std::numeric_limits<float>::quiet_NaN()}) {
-    try {
-      encode_token(KvFormat::fp8_e4m3, scale, x, out);
-      ADD_FAILURE() << "encode accepted scale " << scale;
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
-      EXPECT_EQ(e.argument(), "scale");
-    }
+    SCOPED_TRACE(::testing::Message() << "scale " << scale);
+    const Error e = test::error_of([&] { encode_token(KvFormat::fp8_e4m3, scale, x, out); });
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+    EXPECT_EQ(e.argument(), "scale") << "encode";
     EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](auto b) { return b == 0x11; }));
-    try {
-      decode_token(KvFormat::fp8_e4m3, scale, out, y);
-      ADD_FAILURE() << "decode accepted scale " << scale;
-    } catch (const Error& e) {
-      EXPECT_EQ(e.argument(), "scale");
-    }
+    EXPECT_EQ(test::error_of([&] { decode_token(KvFormat::fp8_e4m3, scale, out, y); }).argument(),
+              "scale")
+        << "decode";
     // The other formats ignore the scale.
     std::vector<std::uint8_t> b16(1152), blk(656);
     EXPECT_NO_THROW(encode_token(KvFormat::bf16, scale, x, b16));
@@ -441,18 +430,10 @@ TEST(Format, BadSizeErrors) {
   for (KvFormat f : kFormats) {
     const auto tb = static_cast<std::size_t>(token_bytes(f));
     std::vector<std::uint8_t> out(tb), wrong(tb + 1);
-    auto argument_of = [](auto&& call) -> std::string {
-      try {
-        call();
-      } catch (const Error& e) {
-        return e.argument();
-      }
-      return "(no error)";
-    };
-    EXPECT_EQ(argument_of([&] { encode_token(f, 1.0f, short_x, out); }), "in");
-    EXPECT_EQ(argument_of([&] { encode_token(f, 1.0f, x, wrong); }), "out");
-    EXPECT_EQ(argument_of([&] { decode_token(f, 1.0f, wrong, y); }), "in");
-    EXPECT_EQ(argument_of([&] { decode_token(f, 1.0f, out, short_y); }), "out");
+    EXPECT_EQ(test::error_of([&] { encode_token(f, 1.0f, short_x, out); }).argument(), "in");
+    EXPECT_EQ(test::error_of([&] { encode_token(f, 1.0f, x, wrong); }).argument(), "out");
+    EXPECT_EQ(test::error_of([&] { decode_token(f, 1.0f, wrong, y); }).argument(), "in");
+    EXPECT_EQ(test::error_of([&] { decode_token(f, 1.0f, out, short_y); }).argument(), "out");
   }
 }
 
