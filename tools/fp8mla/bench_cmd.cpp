@@ -36,6 +36,7 @@ struct BenchOptions {
   int min_chunk = 0;
   bool exact_scores = false;
   int max_tile_rows = 0;
+  bool f16 = false;
   int cp = 0;         // --cp: GPUs of the context-parallel benchmark (0: the decode grid)
   int cp_rank = -1;   // set by --cp's launcher in each rank's command line
   std::string cp_id;  // the group's NCCL id, in hex
@@ -309,6 +310,9 @@ int run_bench(std::span<const std::string_view> argv) {
              0, 1 << 24);
   ap.add_flag("exact-scores", &o.exact_scores,
               "cuda: PlanOptions::exact_scores (fp8_e4m3 scores off the fp8 tensor cores)");
+  ap.add_flag("f16", &o.f16,
+              "cuda, the dense grid without baselines: fp16 queries and outputs (an fp16 model's "
+              "plans: Problem::q_dtype and out_dtype f16) instead of bf16");
   ap.add_int("max-tile-rows", &o.max_tile_rows,
              "cuda: rows (heads x query tokens) a tile packs at most (PlanOptions::max_tile_rows; "
              "0: the planner's choice); 16 puts multi-token rows of <= 16 heads on the <= 16-row "
@@ -347,6 +351,14 @@ int run_bench(std::span<const std::string_view> argv) {
       throw UsageError("fp8mla bench: --no-baselines: --sparse runs no baselines");
     if (o.device == "cpu")
       throw UsageError("fp8mla bench: --device cpu: --sparse runs on a CUDA device");
+  }
+
+  if (o.f16) {
+    if (o.sparse || o.cp > 0 || o.cp_rank >= 0 || !o.no_baselines || o.device == "cpu") {
+      throw UsageError(
+          "fp8mla bench: --f16: the dense CUDA grid with --no-baselines only (the baselines plan "
+          "bf16 queries)");
+    }
   }
 
   if (o.cp > 0 || o.cp_rank >= 0) {
@@ -391,10 +403,11 @@ int run_bench(std::span<const std::string_view> argv) {
     }
   }
   const bool gpu = o.device == "cuda" || (o.device == "auto" && cuda_available());
-  if (o.sparse && !gpu) {
+  if ((o.sparse || o.f16) && !gpu) {
     const std::string why = detail::cuda_unavailable_reason();
-    throw Error(ErrorCode::unsupported, "--sparse",
-                "the sparse top-k grid runs on a CUDA device: " +
+    throw Error(ErrorCode::unsupported, o.sparse ? "--sparse" : "--f16",
+                std::string(o.sparse ? "the sparse top-k grid" : "the fp16 grid") +
+                    " runs on a CUDA device: " +
                     (why.empty() ? std::string("none is visible") : why));
   }
   if (gpu) {
@@ -414,6 +427,7 @@ int run_bench(std::span<const std::string_view> argv) {
     g.min_chunk_tokens = o.min_chunk;
     g.exact_scores = o.exact_scores;
     g.max_tile_rows = o.max_tile_rows;
+    g.f16 = o.f16;
     bench::GpuBenchSummary summary;
     if (!o.plot.empty()) g.summary = &summary;
     const int rc = bench::run_gpu_bench(g);

@@ -84,6 +84,7 @@ struct CaseRunner {
   int min_chunk_tokens;  // 0: the planner's default
   bool exact_scores;
   int max_tile_rows;
+  bool f16;  // fp16 queries and outputs in the native plans (no baselines: they plan bf16)
 
   std::vector<CaseResult> run(int bs, int heads, int ctx, int qo, int ps, KvFormat f) {
     const std::int64_t tb = token_bytes(f);
@@ -99,7 +100,9 @@ struct CaseRunner {
       if (min_chunk_tokens > 0) po.min_chunk_tokens = min_chunk_tokens;
       po.exact_scores = exact_scores;
       po.max_tile_rows = max_tile_rows;
-      return plan(batch.problem(idx, heads, ps, pages, fmt), po);
+      Problem pb = batch.problem(idx, heads, ps, pages, fmt);
+      if (f16) pb.q_dtype = pb.out_dtype = DType::f16;
+      return plan(pb, po);
     };
     std::vector<Plan> plans;
     for (int v = 0; v < variants; ++v) plans.push_back(make_plan(indices[v], f, pool_pages));
@@ -116,13 +119,18 @@ struct CaseRunner {
     const std::size_t bf16_bytes =
         static_cast<std::size_t>(reinterpret_cast<std::uint8_t*>(lse) - scratch) &
         ~std::size_t{255};
-    fill_bf16(s, q, q_elems, 3);
+    const DType q_dtype = f16 ? DType::f16 : DType::bf16;
+    if (f16) {
+      fill_f16(s, q, q_elems, 3);
+    } else {
+      fill_bf16(s, q, q_elems, 3);
+    }
     RunArgs args;
-    args.q_nope = make_strided_view(q, DType::bf16, {total_q, heads, 512}, {heads * 576, 576, 1},
+    args.q_nope = make_strided_view(q, q_dtype, {total_q, heads, 512}, {heads * 576, 576, 1},
                                     DeviceKind::cuda);
-    args.q_pe = make_strided_view(q + 512, DType::bf16, {total_q, heads, 64}, {heads * 576, 576, 1},
+    args.q_pe = make_strided_view(q + 512, q_dtype, {total_q, heads, 64}, {heads * 576, 576, 1},
                                   DeviceKind::cuda);
-    args.out = make_view(out, DType::bf16, {total_q, heads, 512}, DeviceKind::cuda);
+    args.out = make_view(out, q_dtype, {total_q, heads, 512}, DeviceKind::cuda);
     args.lse = make_view(lse, DType::f32, {total_q, heads}, DeviceKind::cuda);
     args.kv = cache_view(pool, f, pool_pages, ps);
     args.stream = s;
@@ -143,7 +151,7 @@ struct CaseRunner {
       r.format = f;
       r.strategy = strategy;
       r.us = us;
-      if (strategy == "native") r.kernel = plans.front().kernel_name();
+      if (strategy.starts_with("native")) r.kernel = plans.front().kernel_name();
       r.bytes = bytes;
       r.gbs = bytes / (us * 1e3);
       r.read_pct = 100.0 * r.gbs / ceil.read_gbs;
@@ -151,7 +159,7 @@ struct CaseRunner {
       r.mm_pct = ceil.matmul_tfs > 0 ? 100.0 * r.tfs / ceil.matmul_tfs : 0;
       results.push_back(r);
     };
-    record("native", time_captured(s, variants, reps, [&] {
+    record(f16 ? "native_f16" : "native", time_captured(s, variants, reps, [&] {
              for (int v = 0; v < variants; ++v) fp8mla::run(plans[v], args);
            }));
     if (!baselines || f == KvFormat::bf16) return results;
@@ -332,8 +340,9 @@ void run_dense_grid(cudaStream_t s, std::uint8_t* pool, std::size_t pool_bytes,
       o.formats.empty()
           ? std::vector<KvFormat>{KvFormat::fp8_e4m3, KvFormat::fp8_e4m3_block, KvFormat::bf16}
           : o.formats;
-  CaseRunner runner{s,           pool,    pool_bytes,         scratch,        scratch_bytes,  ceil,
-                    o.baselines, o.quick, o.min_chunk_tokens, o.exact_scores, o.max_tile_rows};
+  CaseRunner runner{s,           pool,    pool_bytes,         scratch,        scratch_bytes,   ceil,
+                    o.baselines, o.quick, o.min_chunk_tokens, o.exact_scores, o.max_tile_rows,
+                    o.f16};
   int done = 0;
   const int total = static_cast<int>(shapes.size() * qos.size() * pss.size() * fmts.size());
   KvFormat filled = KvFormat::bf16;
@@ -394,6 +403,7 @@ int run_gpu_bench(const GpuBenchOptions& o) {
   if (o.min_chunk_tokens > 0) std::printf("plans: min_chunk_tokens %d\n", o.min_chunk_tokens);
   if (o.exact_scores) std::printf("plans: exact_scores\n");
   if (o.max_tile_rows > 0) std::printf("plans: max_tile_rows %d\n", o.max_tile_rows);
+  if (o.f16) std::printf("plans: fp16 queries and outputs\n");
 
   std::vector<CaseResult> all;
   bool ok = true;

@@ -50,6 +50,7 @@ struct GpuBenchOptions {
   int min_chunk_tokens = 0;       // > 0: PlanOptions::min_chunk_tokens of every plan (split tuning)
   bool exact_scores = false;      // PlanOptions::exact_scores of every native plan
   int max_tile_rows = 0;          // PlanOptions::max_tile_rows of every plan (0: 64)
+  bool f16 = false;               // dense, no baselines: fp16 queries and outputs ("native_f16")
   GpuBenchSummary* summary = nullptr;  // filled with the run's figures when not null
 };
 

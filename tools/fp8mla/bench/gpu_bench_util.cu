@@ -1,4 +1,6 @@
 // The GPU benchmarks' shared kernels and views (gpu_bench_util.cuh).
+#include <cuda_fp16.h>
+
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -63,6 +65,13 @@ __global__ void fill_bf16_kernel(std::uint16_t* p, std::int64_t n, std::uint64_t
   p[i] = static_cast<std::uint16_t>(__float_as_uint(f) >> 16);
 }
 
+__global__ void fill_f16_kernel(std::uint16_t* p, std::int64_t n, std::uint64_t seed) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float f = (static_cast<float>(hash32(seed + i) & 0xffff) / 65536.0f - 0.5f) * 4.0f;
+  p[i] = __half_as_ushort(__float2half_rn(f));
+}
+
 __global__ void gather_tokens_kernel(const uint4* pool, std::int64_t vecs_per_token,
                                      const std::int32_t* slots, uint4* dst) {
   const std::int64_t t = blockIdx.x;
@@ -119,6 +128,11 @@ void fill_pool(cudaStream_t s, std::uint8_t* pool, std::int64_t tokens, KvFormat
 void fill_bf16(cudaStream_t s, std::uint16_t* p, std::int64_t n, std::uint64_t seed) {
   fill_bf16_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, s>>>(p, n, seed);
   FP8MLA_CUDA_CHECK_LAUNCH("fill_bf16");
+}
+
+void fill_f16(cudaStream_t s, std::uint16_t* p, std::int64_t n, std::uint64_t seed) {
+  fill_f16_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, s>>>(p, n, seed);
+  FP8MLA_CUDA_CHECK_LAUNCH("fill_f16");
 }
 
 void gather_tokens(cudaStream_t s, const std::uint8_t* pool, std::int64_t token_bytes,

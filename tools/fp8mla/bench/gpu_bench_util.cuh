@@ -85,6 +85,8 @@ void fill_pool(cudaStream_t s, std::uint8_t* pool, std::int64_t tokens, KvFormat
                std::uint64_t seed);
 // n bf16 values in (-2, 2), deterministic in seed.
 void fill_bf16(cudaStream_t s, std::uint16_t* p, std::int64_t n, std::uint64_t seed);
+// n fp16 values in (-2, 2) from the same hash (the queries of an fp16 model).
+void fill_f16(cudaStream_t s, std::uint16_t* p, std::int64_t n, std::uint64_t seed);
 
 // Relative L2 error of bf16 values `got` against `want` (same length), in float64; infinite when
 // `want` is all zeros and `got` is not.
