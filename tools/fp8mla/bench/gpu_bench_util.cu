@@ -58,18 +58,14 @@ __global__ void fill_kernel(std::uint8_t* pool, std::int64_t tokens, int format,
   reinterpret_cast<std::uint32_t*>(pool)[i] = w;
 }
 
-__global__ void fill_bf16_kernel(std::uint16_t* p, std::int64_t n, std::uint64_t seed) {
+// n 16-bit values in (-2, 2) from a hash of seed + i: bf16 (truncated) or, kF16, fp16 (rounded).
+template <bool kF16>
+__global__ void fill_16bit_kernel(std::uint16_t* p, std::int64_t n, std::uint64_t seed) {
   const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const float f = (static_cast<float>(hash32(seed + i) & 0xffff) / 65536.0f - 0.5f) * 4.0f;
-  p[i] = static_cast<std::uint16_t>(__float_as_uint(f) >> 16);
-}
-
-__global__ void fill_f16_kernel(std::uint16_t* p, std::int64_t n, std::uint64_t seed) {
-  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  const float f = (static_cast<float>(hash32(seed + i) & 0xffff) / 65536.0f - 0.5f) * 4.0f;
-  p[i] = __half_as_ushort(__float2half_rn(f));
+  p[i] = kF16 ? __half_as_ushort(__float2half_rn(f))
+              : static_cast<std::uint16_t>(__float_as_uint(f) >> 16);
 }
 
 __global__ void gather_tokens_kernel(const uint4* pool, std::int64_t vecs_per_token,
@@ -126,12 +122,12 @@ void fill_pool(cudaStream_t s, std::uint8_t* pool, std::int64_t tokens, KvFormat
 }
 
 void fill_bf16(cudaStream_t s, std::uint16_t* p, std::int64_t n, std::uint64_t seed) {
-  fill_bf16_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, s>>>(p, n, seed);
+  fill_16bit_kernel<false><<<static_cast<unsigned>((n + 255) / 256), 256, 0, s>>>(p, n, seed);
   FP8MLA_CUDA_CHECK_LAUNCH("fill_bf16");
 }
 
 void fill_f16(cudaStream_t s, std::uint16_t* p, std::int64_t n, std::uint64_t seed) {
-  fill_f16_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, s>>>(p, n, seed);
+  fill_16bit_kernel<true><<<static_cast<unsigned>((n + 255) / 256), 256, 0, s>>>(p, n, seed);
   FP8MLA_CUDA_CHECK_LAUNCH("fill_f16");
 }
 
