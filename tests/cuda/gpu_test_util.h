@@ -146,6 +146,22 @@ struct Tolerance {
   double out = kOutTol, lse = kLseTol;
 };
 
+// The guards around a device result's out and lse stayed poisoned (nothing was written outside
+// them); fails at the first one that did not.
+inline void expect_guards(const DeviceOutput& d, const std::string& what) {
+  const auto out = d.out.to_host<std::uint16_t>();
+  const auto lse = d.lse.to_host<float>();
+  for (std::int64_t i = 0; i < d.guard; ++i) {
+    ASSERT_EQ(out[i], test::kPoisonBf16) << what << ": wrote before out";
+    ASSERT_EQ(out[d.guard + d.n_out + i], test::kPoisonBf16) << what << ": wrote after out";
+    std::uint32_t a, b;
+    std::memcpy(&a, &lse[i], 4);
+    std::memcpy(&b, &lse[d.guard + d.n_lse + i], 4);
+    ASSERT_EQ(a, test::kPoisonF32) << what << ": wrote before lse";
+    ASSERT_EQ(b, test::kPoisonF32) << what << ": wrote after lse";
+  }
+}
+
 // Compares a device result with the reference, and checks the guards stayed poisoned.
 inline void expect_matches(const DeviceOutput& d, test::HostOutput& ref, const std::string& what,
                            Tolerance tol = {}) {
@@ -163,15 +179,7 @@ inline void expect_matches(const DeviceOutput& d, test::HostOutput& ref, const s
   EXPECT_LE(co.rel_l2, tol.out) << what << ": " << test::describe(co);
   EXPECT_TRUE(cl.positions_ok()) << what << ": " << test::describe(cl);
   EXPECT_LE(cl.max_err, tol.lse) << what << ": " << test::describe(cl);
-  for (std::int64_t i = 0; i < d.guard; ++i) {
-    ASSERT_EQ(out[i], test::kPoisonBf16) << what << ": wrote before out";
-    ASSERT_EQ(out[d.guard + d.n_out + i], test::kPoisonBf16) << what << ": wrote after out";
-    std::uint32_t a, b;
-    std::memcpy(&a, &lse[i], 4);
-    std::memcpy(&b, &lse[d.guard + d.n_lse + i], 4);
-    ASSERT_EQ(a, test::kPoisonF32) << what << ": wrote before lse";
-    ASSERT_EQ(b, test::kPoisonF32) << what << ": wrote after lse";
-  }
+  expect_guards(d, what);
 }
 
 // c's pages in a random order (rng), for new page tables over the same pool.
