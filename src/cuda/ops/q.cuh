@@ -32,7 +32,8 @@ __device__ __forceinline__ void load_q_chunks(const DecodeParams& p, const WorkT
       q_v[i] = *reinterpret_cast<const uint4*>(c < 64 ? nope + 8 * c : pe + 8 * (c - 64));
   }
   // fp16 queries: rounded after the loads, behind a uniform branch, so bf16 plans run none of it
-  // (a select on every chunk cost wide_rows' Q load up to 10% of a 128-head call).
+  // (in wide_rows' Q load, load_q_panels, a select on every chunk cost up to 10% of a 128-head
+  // call).
   if (p.q_f16) {
 #pragma unroll
     for (int i = 0; i < 5; ++i) q_v[i] = q_as_bf16(q_v[i], true);
