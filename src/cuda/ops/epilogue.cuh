@@ -52,7 +52,7 @@ __device__ __forceinline__ RowEnd finish_row(float m, float l, float out_scale) 
 // Writes row r (= g + 8 h) of a finished tile from the P V fragments o (n-tile n, fragment
 // column g is column 64 warp + 8 g + n, so the thread holds columns 64 warp + 16 tq + n and
 // + 8 + n): bf16 out and lse, or the split's fp32 partial row and its lse (fp8_exact, fp8_tma,
-// fp8_gather).
+// fp8_gather, and portable over codes).
 __device__ __forceinline__ void write_row(const DecodeParams& p, const WorkTile& t,
                                           const DeviceTile& tile, int warp, int tq, int h, int r,
                                           const float (&o)[8][4], RowEnd end) {

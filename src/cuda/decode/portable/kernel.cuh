@@ -75,43 +75,31 @@ __device__ __forceinline__ void v_fragments(const std::uint8_t* v_col, int pitch
   e4m3x4_to_half2x2(__byte_perm(x8.y, x9.y, 0x7362), b1[6], b1[7]);
 }
 
-// Writes row r (= 16 m + g + 8 h) of a finished tile from its P V fragments o: bf16 out and lse,
-// or the split's fp32 partial row and lse. kPermuted (codes' V fragments): n-tile n, fragment
-// column j is column 64 warp + 8 j + n, so the thread holds columns 64 warp + 16 tq + [0, 16);
-// else (ldmatrix.trans) column 64 warp + 8 n + j.
-template <bool kPermuted>
-__device__ __forceinline__ void write_row(const DecodeParams& p, const WorkTile& t,
-                                          const DeviceTile& tile, int warp, int tq, int h, int r,
-                                          const float (&o)[8][4], ops::RowEnd end) {
+// Writes row r (= 16 m + g + 8 h) of a finished tile whose V fragments came through
+// ldmatrix.trans (bf16 caches: n-tile n, fragment column j is column 64 warp + 8 n + j, so the
+// thread holds columns 64 warp + 8 n + 2 tq, + 1): bf16 out and lse, or the split's fp32 partial
+// row and lse. The codes' byte-permuted fragments have ops::write_row's mapping and use it.
+__device__ __forceinline__ void write_row_trans(const DecodeParams& p, const WorkTile& t,
+                                                const DeviceTile& tile, int warp, int tq, int h,
+                                                int r, const float (&o)[8][4], ops::RowEnd end) {
   const float inv = end.inv;
   const int tr = r / t.head_count;
   const std::int64_t head = t.head_begin + r % t.head_count;
   const std::int64_t token = tile.q_first + tr;
-  auto col = [&](int n, int k) {  // column of fragment value (n-tile n, k = 0 / 1)
-    return kPermuted ? 64 * warp + 16 * tq + 8 * k + n : 64 * warp + 8 * n + 2 * tq + k;
-  };
+  const int col0 = 64 * warp + 2 * tq;  // + 8 n
   if (t.split < 0) {
-    __nv_bfloat16* dst = p.out + token * p.out_stride[0] + head * p.out_stride[1];
+    __nv_bfloat16* dst = p.out + token * p.out_stride[0] + head * p.out_stride[1] + col0;
 #pragma unroll
-    for (int n = 0; n < 8; n += kPermuted ? 2 : 1) {
-      if constexpr (kPermuted) {
-#pragma unroll
-        for (int k = 0; k < 2; ++k)
-          ops::store_out2(dst + col(n, k), p.out_f16, o[n][2 * h + k] * inv,
-                          o[n + 1][2 * h + k] * inv);
-      } else {
-        ops::store_out2(dst + col(n, 0), p.out_f16, o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
-      }
-    }
+    for (int n = 0; n < 8; ++n)
+      ops::store_out2(dst + 8 * n, p.out_f16, o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
     if (p.lse != nullptr && warp == 0 && tq == 0)
       p.lse[token * p.lse_stride[0] + head * p.lse_stride[1]] = end.lse;
   } else {
     const std::int64_t prow = ops::partial_row(p, t, tile.qo_len, tr, head);
-    float* dst = p.partial_o + prow * 512;
+    float* dst = p.partial_o + prow * 512 + col0;
 #pragma unroll
     for (int n = 0; n < 8; ++n)
-#pragma unroll
-      for (int k = 0; k < 2; ++k) dst[col(n, k)] = o[n][2 * h + k] * inv;
+      *reinterpret_cast<float2*>(dst + 8 * n) = make_float2(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
     if (warp == 0 && tq == 0) p.partial_lse[prow] = end.lse;
   }
 }
@@ -393,8 +381,12 @@ __device__ __forceinline__ void portable_decode(const DecodeParams& p) {
       float l = 0.0f;
 #pragma unroll
       for (int sl = 0; sl < C::kSharers; ++sl) l += red_sum[row * C::kSharers + sl];
-      write_row<F != KvFormat::bf16>(p, t, tile, warp, tq, r, row, o[m],
-                                     ops::finish_row(row_max[m][r], l, out_scale));
+      const ops::RowEnd end = ops::finish_row(row_max[m][r], l, out_scale);
+      if constexpr (F == KvFormat::bf16) {
+        write_row_trans(p, t, tile, warp, tq, r, row, o[m], end);
+      } else {
+        ops::write_row(p, t, tile, warp, tq, r, row, o[m], end);
+      }
     }
 }
 
