@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -168,6 +169,9 @@ struct ExactRow {
 // case on a family that rounds q to bf16 misses it (the check tells the two apart).
 TEST(CudaDecodeF16, F16QueriesOverBf16MeetAnF16Tolerance) {
   SKIP_WITHOUT_GPU();
+  // The table's choice (portable_f16_exact) is what meets the tolerance; a forced family rounds
+  // q to bf16 and misses it by design (the test's own other family shows by how much).
+  if (family_forced()) GTEST_SKIP() << "FP8MLA_KERNEL_FAMILY=" << std::getenv("FP8MLA_KERNEL_FAMILY");
   const ExactRow rows[] = {
       {8, 64, 1, 0},     // 16-row tiles, split requests
       {16, 1, 2, 0},     // causal two-token decode: 32-row tiles
