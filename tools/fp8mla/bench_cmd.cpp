@@ -37,6 +37,7 @@ struct BenchOptions {
   bool exact_scores = false;
   int max_tile_rows = 0;
   bool f16 = false;
+  bool graph_plans = false;
   int cp = 0;         // --cp: GPUs of the context-parallel benchmark (0: the decode grid)
   int cp_rank = -1;   // set by --cp's launcher in each rank's command line
   std::string cp_id;  // the group's NCCL id, in hex
@@ -313,6 +314,10 @@ int run_bench(std::span<const std::string_view> argv) {
   ap.add_flag("f16", &o.f16,
               "cuda, the dense grid without baselines: fp16 queries and outputs (an fp16 model's "
               "plans: Problem::q_dtype and out_dtype f16) instead of bf16");
+  ap.add_flag("graph-plans", &o.graph_plans,
+              "cuda, the dense grid: native plans made as an engine's CUDA-graph plans are "
+              "(PlanOptions::cuda_graph, capacities = the case), whose kernels and merge are "
+              "fixed at capture");
   ap.add_int("max-tile-rows", &o.max_tile_rows,
              "cuda: rows (heads x query tokens) a tile packs at most (PlanOptions::max_tile_rows; "
              "0: the planner's choice); 16 puts multi-token rows of <= 16 heads on the <= 16-row "
@@ -359,6 +364,10 @@ int run_bench(std::span<const std::string_view> argv) {
           "fp8mla bench: --f16: the dense CUDA grid with --no-baselines only (the baselines plan "
           "bf16 queries)");
     }
+  }
+
+  if (o.graph_plans && (o.sparse || o.cp > 0 || o.cp_rank >= 0 || o.device == "cpu")) {
+    throw UsageError("fp8mla bench: --graph-plans: the dense CUDA grid only");
   }
 
   if (o.cp > 0 || o.cp_rank >= 0) {
@@ -428,6 +437,7 @@ int run_bench(std::span<const std::string_view> argv) {
     g.exact_scores = o.exact_scores;
     g.max_tile_rows = o.max_tile_rows;
     g.f16 = o.f16;
+    g.graph_plans = o.graph_plans;
     bench::GpuBenchSummary summary;
     if (!o.plot.empty()) g.summary = &summary;
     const int rc = bench::run_gpu_bench(g);

@@ -85,6 +85,7 @@ struct CaseRunner {
   bool exact_scores;
   int max_tile_rows;
   bool f16;  // fp16 queries and outputs in the native plans (no baselines: they plan bf16)
+  bool graph_plans;  // native plans with PlanOptions::cuda_graph, capacities = the case
 
   std::vector<CaseResult> run(int bs, int heads, int ctx, int qo, int ps, KvFormat f) {
     const std::int64_t tb = token_bytes(f);
@@ -95,17 +96,26 @@ struct CaseRunner {
     const UniformBatch batch(bs, ctx, ps, variants,
                              static_cast<std::uint64_t>(bs * 131 + heads * 17 + ctx + ps), qo);
     const std::vector<std::vector<std::int32_t>>& indices = batch.regions;
-    auto make_plan = [&](std::span<const std::int32_t> idx, KvFormat fmt, std::int64_t pages) {
+    auto make_plan = [&](std::span<const std::int32_t> idx, KvFormat fmt, std::int64_t pages,
+                         bool graph = false) {
       PlanOptions po;
       if (min_chunk_tokens > 0) po.min_chunk_tokens = min_chunk_tokens;
       po.exact_scores = exact_scores;
       po.max_tile_rows = max_tile_rows;
+      if (graph) {  // an engine's graph-mode plan, sized for this batch
+        po.cuda_graph = true;
+        po.max_batch = bs;
+        po.max_total_q = bs * qo;
+        po.max_qo_len = qo;
+        po.max_kv_indices = static_cast<std::int64_t>(idx.size());
+      }
       Problem pb = batch.problem(idx, heads, ps, pages, fmt);
       if (f16) pb.q_dtype = pb.out_dtype = DType::f16;
       return plan(pb, po);
     };
     std::vector<Plan> plans;
-    for (int v = 0; v < variants; ++v) plans.push_back(make_plan(indices[v], f, pool_pages));
+    for (int v = 0; v < variants; ++v)
+      plans.push_back(make_plan(indices[v], f, pool_pages, graph_plans));
 
     // q [bs x qo, H, 576] and outputs live at the end of scratch.
     const std::int64_t total_q = std::int64_t{bs} * qo;
@@ -342,7 +352,7 @@ void run_dense_grid(cudaStream_t s, std::uint8_t* pool, std::size_t pool_bytes,
           : o.formats;
   CaseRunner runner{s,           pool,    pool_bytes,         scratch,        scratch_bytes,   ceil,
                     o.baselines, o.quick, o.min_chunk_tokens, o.exact_scores, o.max_tile_rows,
-                    o.f16};
+                    o.f16,       o.graph_plans};
   int done = 0;
   const int total = static_cast<int>(shapes.size() * qos.size() * pss.size() * fmts.size());
   KvFormat filled = KvFormat::bf16;
@@ -404,6 +414,7 @@ int run_gpu_bench(const GpuBenchOptions& o) {
   if (o.exact_scores) std::printf("plans: exact_scores\n");
   if (o.max_tile_rows > 0) std::printf("plans: max_tile_rows %d\n", o.max_tile_rows);
   if (o.f16) std::printf("plans: fp16 queries and outputs\n");
+  if (o.graph_plans) std::printf("plans: graph mode (PlanOptions::cuda_graph, capacities = the case)\n");
 
   std::vector<CaseResult> all;
   bool ok = true;

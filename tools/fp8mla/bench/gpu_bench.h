@@ -51,6 +51,7 @@ struct GpuBenchOptions {
   bool exact_scores = false;      // PlanOptions::exact_scores of every native plan
   int max_tile_rows = 0;          // PlanOptions::max_tile_rows of every plan (0: 64)
   bool f16 = false;               // dense, no baselines: fp16 queries and outputs ("native_f16")
+  bool graph_plans = false;       // dense: native plans made as a CUDA-graph engine makes them
   GpuBenchSummary* summary = nullptr;  // filled with the run's figures when not null
 };
 
