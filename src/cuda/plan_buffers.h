@@ -25,7 +25,7 @@ struct CudaPlanBuffers {
   // so a stream-ordered replan copies the small arrays and the live tiles in one copy.
   std::uint8_t* arena = nullptr;
   DeviceTile* tiles = nullptr;             // [cap_tiles]
-  std::int32_t* counts = nullptr;          // [2]: num_tiles, num_merge items
+  std::int32_t* counts = nullptr;          // [3]: num_tiles, num_merge items, merge form
   std::int32_t* qo_indptr = nullptr;       // [cap_batch + 1]
   std::int32_t* num_splits = nullptr;      // [cap_batch]
   std::int64_t* partial_offset = nullptr;  // [cap_batch]

@@ -10,6 +10,7 @@
 #include "src/core/backend.h"
 #include "src/core/check.h"
 #include "src/cuda/cuda_check.h"
+#include "src/cuda/merge/split_merge.h"
 #include "src/cuda/plan_buffers.h"
 
 namespace fp8mla::detail {
@@ -229,8 +230,13 @@ HostArrays host_arrays(const PlanState& plan) {
                        sparse ? 0 : static_cast<std::int32_t>(causal_mask_len(plan, r)),
                        sparse ? 0 : plan.kv_indptr[r], plan.partial_offset[r]});
   }
+  // counts: tiles, merge rows, and the graph merge's form (split_merge_graph_kernel).
+  const std::int32_t max_splits =
+      plan.num_splits.empty() ? 1
+                              : *std::max_element(plan.num_splits.begin(), plan.num_splits.end());
   h.counts = {static_cast<std::int32_t>(plan.tiles.size()),
-              static_cast<std::int32_t>(h.merge.size())};
+              static_cast<std::int32_t>(h.merge.size()),
+              max_splits > kGraphWholeRowMaxSplits ? 1 : 0};
   return h;
 }
 
@@ -281,7 +287,7 @@ ArenaLayout arena_layout(const CudaPlanBuffers& b) {
     at += (static_cast<std::size_t>(std::max<std::int64_t>(n, 0)) * element + 63) / 64 * 64;
     return offset;
   };
-  l.counts = place(2, sizeof(std::int32_t));
+  l.counts = place(3, sizeof(std::int32_t));
   l.qo_indptr = place(b.cap_batch + 1, sizeof(std::int32_t));
   l.num_splits = place(b.cap_batch, sizeof(std::int32_t));
   l.partial_offset = place(b.cap_batch, sizeof(std::int64_t));
@@ -379,7 +385,7 @@ void cuda_upload_plan(PlanState& plan) {
   }
   upload(b.sparse, plan.sparse_indices, b.cap_sparse, "sparse_indices");
   upload(b.merge, h.merge, b.cap_merge, "merge rows");
-  upload(b.counts, h.counts, 2, "counts");
+  upload(b.counts, h.counts, 3, "counts");
   set_live_sizes(plan, b, h);
   // cudaMemcpy from pageable memory (and the device-to-device copy) may return before the DMA
   // lands; run() may be on a stream that does not wait for the legacy one, so wait here.

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "fp8mla/context_parallel.h"
 #include "fp8mla/error.h"
 #include "src/core/backend.h"
+#include "src/cuda/merge/split_merge.h"
 #include "tests/common/test_util.h"
 #include "tests/cuda/decode_cases.h"
 #include "tests/cuda/gpu_test_util.h"
@@ -106,6 +108,64 @@ TEST(CudaGraph, MergeFormCapturedShortServesLongContexts) {
       ASSERT_GT(p.num_splits()[0], 128) << "the second plan must split past the preloaded count";
     }
   });
+}
+
+// A graph-mode plan of more than 32 merge rows reads its merge's form at each run (src/cuda/merge,
+// split_merge_graph_kernel): whole rows while no request has more than kGraphWholeRowMaxSplits
+// splits, (row, 64-column) units past that. One captured graph, re-planned from 32 requests of 3000
+// tokens (a few splits each) to one request over the whole pool (the others empty; many splits) and
+// back, matches the reference at every replay.
+TEST(CudaGraph, MergeFormFollowsEachReplan) {
+  SKIP_WITHOUT_GPU();
+  // The split counts below assume the table's fp8_e4m3 families' residency (two CTAs an SM).
+  if (family_forced())
+    GTEST_SKIP() << "FP8MLA_KERNEL_FAMILY=" << std::getenv("FP8MLA_KERNEL_FAMILY");
+  test::ProblemSpec s = decode_spec(F8, 16, 64, 3000, 3000, 41);
+  s.batch = 32;
+  s.spare_pages = 1500;
+  s.poison_unused = false;
+  test::RandomCase c1 = test::make_case(s);
+  test::RandomCase c2 = c1;  // request 0 over the whole pool, shuffled; the others empty
+  std::mt19937_64 rng(11);
+  c2.kv_indices = shuffled_pages(c1, rng);
+  const auto pages = static_cast<std::int32_t>(c2.kv_indices.size());
+  c2.kv_indptr.assign(c1.kv_indptr.size(), pages);
+  c2.kv_indptr[0] = 0;
+  std::fill(c2.kv_len.begin(), c2.kv_len.end(), 0);
+  c2.kv_len[0] = pages * s.page_size - 17;
+  auto most_splits = [](const Plan& p) {
+    const std::span<const std::int32_t> n = p.num_splits();
+    return *std::max_element(n.begin(), n.end());
+  };
+
+  PlanOptions o;
+  o.max_batch = 32;
+  Plan p = plan(c1.problem(DeviceKind::cuda), graph_options(c1, o));
+  ASSERT_GT(most_splits(p), 1) << "the first plan must split";
+  ASSERT_LE(most_splits(p), detail::kGraphWholeRowMaxSplits)
+      << "the first plan must merge whole rows";
+  DeviceBuffer cache(c1.cache), q(c1.q);
+  DeviceOutput d(c1, 0);
+  RunArgs args = device_args(c1, cache, q, d);
+  TestStream stream;
+  args.stream = stream.s;
+  CapturedGraph graph(stream.s, [&] { run(p, args); });
+  graph.replay();
+  test::HostOutput ref1 = reference(c1);
+  expect_matches(d, ref1, "replay 1: whole rows");
+
+  replan(p, c2.problem(DeviceKind::cuda));
+  ASSERT_GT(most_splits(p), detail::kGraphWholeRowMaxSplits)
+      << "the second plan must merge (row, 64-column) units";
+  d.poison_all();
+  graph.replay();
+  test::HostOutput ref2 = reference(c2);
+  expect_matches(d, ref2, "replay 2: (row, 64-column) units");
+
+  replan(p, c1.problem(DeviceKind::cuda));
+  d.poison_all();
+  graph.replay();
+  expect_matches(d, ref1, "replay 3: whole rows again");
 }
 
 // Two runs on one stream, no sync between them, the second's q_nope being the first's out: the

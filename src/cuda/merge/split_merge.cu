@@ -1,4 +1,7 @@
 // run()'s split-KV merge launch (src/cuda/merge/split_merge.h).
+#include <algorithm>
+#include <cstdint>
+
 #include "src/cuda/cuda_check.h"
 #include "src/cuda/merge/split_merge.cuh"
 #include "src/cuda/merge/split_merge.h"
@@ -27,7 +30,21 @@ void launch_split_merge(const PlanState& plan, const CudaPlanBuffers& b, const D
     m.lse_stride[1] = p.lse_stride[1];
     cfg.blockDim = dim3(merge::kMergeThreads);
     cfg.dynamicSmemBytes = 0;
-    if (b.graph || b.max_splits > 8) {
+    if (b.graph && merge_items > 32) {
+      // A graph's batches change at every replan: the form is read from the plan's counts, and
+      // the grid is what the SMs hold at once, or the capacity's units when fewer.
+      m.form = b.counts + 2;
+      static const int per_sm = [] {
+        int n = 0;
+        FP8MLA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &n, merge::split_merge_graph_kernel, merge::kMergeThreads, 0));
+        return std::max(n, 1);
+      }();
+      const std::int64_t units = merge_items * (kDimCkv / merge::kGraphCols);
+      const std::int64_t resident = std::int64_t{per_sm} * plan.sm_count;
+      cfg.gridDim = dim3(static_cast<unsigned>(std::min(units, resident)));
+      FP8MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, merge::split_merge_graph_kernel, m));
+    } else if (b.graph || b.max_splits > kWholeRowMaxSplits) {
       // Up to 32 rows (bs 1 at <= 32 heads x query tokens) of up to 128 splits: the merge is one
       // wave at the ahead form's 6 blocks an SM, and a bs-1 call's latency is its round trips.
       // (A graph keeps the form it was captured with; either is right for any split count.)
