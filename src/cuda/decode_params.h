@@ -82,7 +82,7 @@ struct MergeItem {
 struct MergeParams {
   const MergeItem* items;         // [capacity]
   const std::int32_t* num_items;  // device scalar
-  const std::int32_t* form;       // device scalar: 0 whole rows, 1 (row, 32 columns) (graph kernel)
+  const std::int32_t* form;       // device scalar: 0 whole rows, 1 (row, 64 columns) (graph kernel)
   const std::int32_t* qo_indptr;
   const std::int32_t* num_splits;
   const std::int64_t* partial_offset;

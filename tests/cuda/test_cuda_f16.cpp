@@ -5,8 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <cstdint>
+#include <cstdlib>
 #include <span>
 #include <string>
 #include <vector>
@@ -171,7 +171,8 @@ TEST(CudaDecodeF16, F16QueriesOverBf16MeetAnF16Tolerance) {
   SKIP_WITHOUT_GPU();
   // The table's choice (portable_f16_exact) is what meets the tolerance; a forced family rounds
   // q to bf16 and misses it by design (the test's own other family shows by how much).
-  if (family_forced()) GTEST_SKIP() << "FP8MLA_KERNEL_FAMILY=" << std::getenv("FP8MLA_KERNEL_FAMILY");
+  if (family_forced())
+    GTEST_SKIP() << "FP8MLA_KERNEL_FAMILY=" << std::getenv("FP8MLA_KERNEL_FAMILY");
   const ExactRow rows[] = {
       {8, 64, 1, 0},     // 16-row tiles, split requests
       {16, 1, 2, 0},     // causal two-token decode: 32-row tiles

@@ -99,7 +99,8 @@ __device__ __forceinline__ void write_row_trans(const DecodeParams& p, const Wor
     float* dst = p.partial_o + prow * 512 + col0;
 #pragma unroll
     for (int n = 0; n < 8; ++n)
-      *reinterpret_cast<float2*>(dst + 8 * n) = make_float2(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
+      *reinterpret_cast<float2*>(dst + 8 * n) =
+          make_float2(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
     if (warp == 0 && tq == 0) p.partial_lse[prow] = end.lse;
   }
 }
