@@ -158,11 +158,12 @@ inline PlanOptions graph_options(const test::RandomCase& c, PlanOptions o = {}) 
 // A CUDA-graph plan (options o with o.max_batch requests, bounded by c1's pool and one query
 // token a request) for c1 = make_case(s), with the engine's fixed buffers (c1's pool and q):
 // run() captured and replayed, then replan() for c2 = second(c1) over the same pool and q (so
-// c1's pool is not poisoned: c2 reads pages c1 left unused) and the same graph replayed; both
-// replays must match the reference. check(p, 1 | 2) runs after each plan (its fatal failures
-// stop the test).
+// c1's pool is not poisoned: c2 reads pages c1 left unused) and the same graph replayed (and,
+// with and_back, re-planned for c1 again and replayed); every replay must match the reference.
+// check(p, 1 | 2 | 3) runs after each plan (its fatal failures stop the test).
 template <class Second, class Check>
-void capture_replan_replay(test::ProblemSpec s, PlanOptions o, Second second, Check check) {
+void capture_replan_replay(test::ProblemSpec s, PlanOptions o, Second second, Check check,
+                           bool and_back = false) {
   s.poison_unused = false;
   test::RandomCase c1 = test::make_case(s);
   Plan p = plan(c1.problem(DeviceKind::cuda), graph_options(c1, o));
@@ -186,6 +187,14 @@ void capture_replan_replay(test::ProblemSpec s, PlanOptions o, Second second, Ch
   graph.replay();
   test::HostOutput ref2 = reference(c2);
   expect_matches(d, ref2, "graph replay after replan");
+  if (!and_back) return;
+
+  replan(p, c1.problem(DeviceKind::cuda));
+  check(p, 3);
+  if (::testing::Test::HasFatalFailure()) return;
+  d.poison_all();
+  graph.replay();
+  expect_matches(d, ref1, "graph replay after replanning the first batch again");
 }
 
 // capture_replan_replay for six requests of spec s, re-planned to new lengths of 0-5000 tokens;

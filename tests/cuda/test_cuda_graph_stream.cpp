@@ -123,49 +123,33 @@ TEST(CudaGraph, MergeFormFollowsEachReplan) {
   test::ProblemSpec s = decode_spec(F8, 16, 64, 3000, 3000, 41);
   s.batch = 32;
   s.spare_pages = 1500;
-  s.poison_unused = false;
-  test::RandomCase c1 = test::make_case(s);
-  test::RandomCase c2 = c1;  // request 0 over the whole pool, shuffled; the others empty
-  std::mt19937_64 rng(11);
-  c2.kv_indices = shuffled_pages(c1, rng);
-  const auto pages = static_cast<std::int32_t>(c2.kv_indices.size());
-  c2.kv_indptr.assign(c1.kv_indptr.size(), pages);
-  c2.kv_indptr[0] = 0;
-  std::fill(c2.kv_len.begin(), c2.kv_len.end(), 0);
-  c2.kv_len[0] = pages * s.page_size - 17;
-  auto most_splits = [](const Plan& p) {
-    const std::span<const std::int32_t> n = p.num_splits();
-    return *std::max_element(n.begin(), n.end());
-  };
-
   PlanOptions o;
   o.max_batch = 32;
-  Plan p = plan(c1.problem(DeviceKind::cuda), graph_options(c1, o));
-  ASSERT_GT(most_splits(p), 1) << "the first plan must split";
-  ASSERT_LE(most_splits(p), detail::kGraphWholeRowMaxSplits)
-      << "the first plan must merge whole rows";
-  DeviceBuffer cache(c1.cache), q(c1.q);
-  DeviceOutput d(c1, 0);
-  RunArgs args = device_args(c1, cache, q, d);
-  TestStream stream;
-  args.stream = stream.s;
-  CapturedGraph graph(stream.s, [&] { run(p, args); });
-  graph.replay();
-  test::HostOutput ref1 = reference(c1);
-  expect_matches(d, ref1, "replay 1: whole rows");
-
-  replan(p, c2.problem(DeviceKind::cuda));
-  ASSERT_GT(most_splits(p), detail::kGraphWholeRowMaxSplits)
-      << "the second plan must merge (row, 64-column) units";
-  d.poison_all();
-  graph.replay();
-  test::HostOutput ref2 = reference(c2);
-  expect_matches(d, ref2, "replay 2: (row, 64-column) units");
-
-  replan(p, c1.problem(DeviceKind::cuda));
-  d.poison_all();
-  graph.replay();
-  expect_matches(d, ref1, "replay 3: whole rows again");
+  auto one_long = [&](const test::RandomCase& c) {  // request 0 over the whole pool, shuffled
+    test::RandomCase c2 = c;
+    std::mt19937_64 rng(11);
+    c2.kv_indices = shuffled_pages(c, rng);
+    const auto pages = static_cast<std::int32_t>(c2.kv_indices.size());
+    c2.kv_indptr.assign(c.kv_indptr.size(), pages);
+    c2.kv_indptr[0] = 0;
+    std::fill(c2.kv_len.begin(), c2.kv_len.end(), 0);
+    c2.kv_len[0] = pages * s.page_size - 17;
+    return c2;
+  };
+  capture_replan_replay(
+      s, o, one_long,
+      [](const Plan& p, int stage) {
+        const std::span<const std::int32_t> n = p.num_splits();
+        const std::int32_t most = *std::max_element(n.begin(), n.end());
+        if (stage == 2) {
+          ASSERT_GT(most, detail::kGraphWholeRowMaxSplits) << "plan 2 must merge 64-column units";
+        } else {
+          ASSERT_GT(most, 1) << "plan " << stage << " must split";
+          ASSERT_LE(most, detail::kGraphWholeRowMaxSplits)
+              << "plan " << stage << " must merge whole rows";
+        }
+      },
+      /*and_back=*/true);
 }
 
 // Two runs on one stream, no sync between them, the second's q_nope being the first's out: the
