@@ -1,6 +1,6 @@
 // A finished row: o / l in bf16 with its lse (natural log) into the output, or the fp32 partial
 // row of a split tile for the merge; for the fragment mappings of the <= 16-row families
-// (write_row) and of the 17-64-row families' wgmma accumulators (store_rows).
+// (write_row, write_row_trans) and of the 17-64-row families' wgmma accumulators (store_rows).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -52,7 +52,7 @@ __device__ __forceinline__ RowEnd finish_row(float m, float l, float out_scale) 
 // Writes row r (= g + 8 h) of a finished tile from the P V fragments o (n-tile n, fragment
 // column g is column 64 warp + 8 g + n, so the thread holds columns 64 warp + 16 tq + n and
 // + 8 + n): bf16 out and lse, or the split's fp32 partial row and its lse (fp8_exact, fp8_tma,
-// fp8_gather, and portable over codes).
+// fp8_gather, and portable over codes; write_row_trans below for bf16 V by ldmatrix.trans).
 __device__ __forceinline__ void write_row(const DecodeParams& p, const WorkTile& t,
                                           const DeviceTile& tile, int warp, int tq, int h, int r,
                                           const float (&o)[8][4], RowEnd end) {
@@ -82,6 +82,34 @@ __device__ __forceinline__ void write_row(const DecodeParams& p, const WorkTile&
                       o[n + 3][2 * h + 1] * inv);
     }
     if (warp == 0 && tq == 0) p.partial_lse[prow] = lse;
+  }
+}
+
+// Writes row r (= g + 8 h of its m-tile) of a finished tile whose P V fragments came through
+// ldmatrix.trans of bf16 V (n-tile n holds columns 64 warp + 8 n + 2 tq, + 1): bf16 out and lse,
+// or the split's fp32 partial row and lse (bf16_tma, bf16_gather, portable over bf16).
+__device__ __forceinline__ void write_row_trans(const DecodeParams& p, const WorkTile& t,
+                                                const DeviceTile& tile, int warp, int tq, int h,
+                                                int r, const float (&o)[8][4], RowEnd end) {
+  const int tr = r / t.head_count;
+  const std::int64_t head = t.head_begin + r % t.head_count;
+  const std::int64_t token = tile.q_first + tr;
+  const int col0 = 64 * warp + 2 * tq;  // n-tile n: columns col0 + 8 n, + 1
+  if (t.split < 0) {
+    __nv_bfloat16* dst = p.out + token * p.out_stride[0] + head * p.out_stride[1] + col0;
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+      store_out2(dst + 8 * n, p.out_f16, o[n][2 * h] * end.inv, o[n][2 * h + 1] * end.inv);
+    if (p.lse != nullptr && warp == 0 && tq == 0)
+      p.lse[token * p.lse_stride[0] + head * p.lse_stride[1]] = end.lse;
+  } else {
+    const std::int64_t prow = partial_row(p, t, tile.qo_len, tr, head);
+    float* dst = p.partial_o + prow * 512 + col0;
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+      *reinterpret_cast<float2*>(dst + 8 * n) =
+          make_float2(o[n][2 * h] * end.inv, o[n][2 * h + 1] * end.inv);
+    if (warp == 0 && tq == 0) p.partial_lse[prow] = end.lse;
   }
 }
 

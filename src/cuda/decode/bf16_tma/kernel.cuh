@@ -252,27 +252,7 @@ __device__ __forceinline__ void decode_tile(const DecodeParams& p) {
     const int r = g + 8 * h;
     if (r >= rows) continue;
     const ops::RowEnd end = ops::finish_row(st.max_o[h], ops::row_total(red_sum, r), p.out_scale);
-    const int tr = r / t.head_count;
-    const std::int64_t head = t.head_begin + r % t.head_count;
-    const std::int64_t token = q_first + tr;
-    const int col0 = 64 * warp + 2 * tq;  // n-tile n: columns col0 + 8 n, + 1
-    if (t.split < 0) {
-      __nv_bfloat16* dst = p.out + token * p.out_stride[0] + head * p.out_stride[1] + col0;
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-        ops::store_out2(dst + 8 * n, p.out_f16, st.o[n][2 * h] * end.inv,
-                        st.o[n][2 * h + 1] * end.inv);
-      if (p.lse != nullptr && warp == 0 && tq == 0)
-        p.lse[token * p.lse_stride[0] + head * p.lse_stride[1]] = end.lse;
-    } else {
-      const std::int64_t prow = ops::partial_row(p, t, qo_len, tr, head);
-      float* dst = p.partial_o + prow * 512 + col0;
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-        *reinterpret_cast<float2*>(dst + 8 * n) =
-            make_float2(st.o[n][2 * h] * end.inv, st.o[n][2 * h + 1] * end.inv);
-      if (warp == 0 && tq == 0) p.partial_lse[prow] = end.lse;
-    }
+    ops::write_row_trans(p, t, tile, warp, tq, h, r, st.o, end);
   }
 }
 

@@ -75,36 +75,6 @@ __device__ __forceinline__ void v_fragments(const std::uint8_t* v_col, int pitch
   e4m3x4_to_half2x2(__byte_perm(x8.y, x9.y, 0x7362), b1[6], b1[7]);
 }
 
-// Writes row r (= 16 m + g + 8 h) of a finished tile whose V fragments came through
-// ldmatrix.trans (bf16 caches: n-tile n, fragment column j is column 64 warp + 8 n + j, so the
-// thread holds columns 64 warp + 8 n + 2 tq, + 1): bf16 out and lse, or the split's fp32 partial
-// row and lse. The codes' byte-permuted fragments have ops::write_row's mapping and use it.
-__device__ __forceinline__ void write_row_trans(const DecodeParams& p, const WorkTile& t,
-                                                const DeviceTile& tile, int warp, int tq, int h,
-                                                int r, const float (&o)[8][4], ops::RowEnd end) {
-  const float inv = end.inv;
-  const int tr = r / t.head_count;
-  const std::int64_t head = t.head_begin + r % t.head_count;
-  const std::int64_t token = tile.q_first + tr;
-  const int col0 = 64 * warp + 2 * tq;  // + 8 n
-  if (t.split < 0) {
-    __nv_bfloat16* dst = p.out + token * p.out_stride[0] + head * p.out_stride[1] + col0;
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-      ops::store_out2(dst + 8 * n, p.out_f16, o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
-    if (p.lse != nullptr && warp == 0 && tq == 0)
-      p.lse[token * p.lse_stride[0] + head * p.lse_stride[1]] = end.lse;
-  } else {
-    const std::int64_t prow = ops::partial_row(p, t, tile.qo_len, tr, head);
-    float* dst = p.partial_o + prow * 512 + col0;
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-      *reinterpret_cast<float2*>(dst + 8 * n) =
-          make_float2(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
-    if (warp == 0 && tq == 0) p.partial_lse[prow] = end.lse;
-  }
-}
-
 // Whether this compilation's architecture runs fp8 products at `rows` rows: sm_89 and sm_12x in
 // hardware; sm_90 and sm_100 (where ptxas emulates mma.sync e4m3 with fp16 products) at 16 rows
 // only, which is how the GPU tests exercise the form on Hopper (at 32 and 64 rows the emulation
@@ -384,7 +354,7 @@ __device__ __forceinline__ void portable_decode(const DecodeParams& p) {
       for (int sl = 0; sl < C::kSharers; ++sl) l += red_sum[row * C::kSharers + sl];
       const ops::RowEnd end = ops::finish_row(row_max[m][r], l, out_scale);
       if constexpr (F == KvFormat::bf16) {
-        write_row_trans(p, t, tile, warp, tq, r, row, o[m], end);
+        ops::write_row_trans(p, t, tile, warp, tq, r, row, o[m], end);
       } else {
         ops::write_row(p, t, tile, warp, tq, r, row, o[m], end);
       }
