@@ -412,11 +412,14 @@ int run_bench(std::span<const std::string_view> argv) {
     }
   }
   const bool gpu = o.device == "cuda" || (o.device == "auto" && cuda_available());
-  if ((o.sparse || o.f16) && !gpu) {
+  if ((o.sparse || o.f16 || o.graph_plans) && !gpu) {
     const std::string why = detail::cuda_unavailable_reason();
-    throw Error(ErrorCode::unsupported, o.sparse ? "--sparse" : "--f16",
-                std::string(o.sparse ? "the sparse top-k grid" : "the fp16 grid") +
-                    " runs on a CUDA device: " +
+    const char* flag = o.sparse ? "--sparse" : o.f16 ? "--f16" : "--graph-plans";
+    const char* grid = o.sparse ? "the sparse top-k grid"
+                       : o.f16  ? "the fp16 grid"
+                                : "the graph-mode plans' grid";
+    throw Error(ErrorCode::unsupported, flag,
+                std::string(grid) + " runs on a CUDA device: " +
                     (why.empty() ? std::string("none is visible") : why));
   }
   if (gpu) {
