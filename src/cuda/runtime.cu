@@ -205,46 +205,64 @@ void upload(T* dst, const std::vector<T>& src, std::int64_t cap, const char* wha
   if (!src.empty()) cuda_copy_to_device(dst, src.data(), src.size() * sizeof(T));
 }
 
-// What a plan's device buffers hold, built on the host from the PlanState.
-struct HostArrays {
-  std::vector<DeviceTile> tiles;
-  std::vector<MergeItem> merge;  // every row of every split request
-  std::vector<std::int32_t> counts;
-  int max_rows = 1;  // the most rows of any tile
+// The sizes of what a plan's device buffers hold, counted on the host from the PlanState before
+// anything is written (a graph-mode replan checks them against its capacities first, then writes
+// the arrays straight into its staging slot).
+struct HostSizes {
+  std::int64_t tiles = 0;
+  std::int64_t merge = 0;              // rows of split requests: every row of each
+  std::int32_t counts[3] = {0, 0, 0};  // tiles, merge rows, the graph merge's form
+  int max_rows = 1;                    // the most rows of any tile
 };
 
-HostArrays host_arrays(const PlanState& plan) {
-  HostArrays h;
+HostSizes host_sizes(const PlanState& plan) {
+  HostSizes z;
+  z.tiles = static_cast<std::int64_t>(plan.tiles.size());
+  std::int32_t max_splits = 1;
   for (int r = 0; r < plan.batch; ++r) {
-    if (plan.num_splits[r] <= 1) continue;
-    const int rows = (plan.qo_indptr[r + 1] - plan.qo_indptr[r]) * plan.num_heads;
-    for (int row = 0; row < rows; ++row) h.merge.push_back({r, row});
+    max_splits = std::max(max_splits, plan.num_splits[r]);
+    if (plan.num_splits[r] > 1) {
+      z.merge +=
+          static_cast<std::int64_t>(plan.qo_indptr[r + 1] - plan.qo_indptr[r]) * plan.num_heads;
+    }
   }
-  for (const WorkTile& t : plan.tiles) h.max_rows = std::max(h.max_rows, t.q_count * t.head_count);
-  h.tiles.reserve(plan.tiles.size());
+  for (const WorkTile& t : plan.tiles) z.max_rows = std::max(z.max_rows, t.q_count * t.head_count);
+  // counts: tiles, merge rows, and the graph merge's form (split_merge_graph_kernel).
+  z.counts[0] = static_cast<std::int32_t>(z.tiles);
+  z.counts[1] = static_cast<std::int32_t>(z.merge);
+  z.counts[2] = max_splits > kGraphWholeRowMaxSplits ? 1 : 0;
+  return z;
+}
+
+// The kernels' tile records, [plan.tiles.size()] at `out`.
+void write_tiles(const PlanState& plan, DeviceTile* out) {
   const bool sparse = plan.topk > 0;
   for (const WorkTile& t : plan.tiles) {
     const int r = t.request;
     // The kernels read DeviceTile::kv_len for the causal mask only (kv_end bounds the tokens).
-    h.tiles.push_back({t, plan.qo_indptr[r] + t.q_begin, plan.qo_indptr[r + 1] - plan.qo_indptr[r],
-                       sparse ? 0 : static_cast<std::int32_t>(causal_mask_len(plan, r)),
-                       sparse ? 0 : plan.kv_indptr[r], plan.partial_offset[r]});
+    *out++ = {t,
+              plan.qo_indptr[r] + t.q_begin,
+              plan.qo_indptr[r + 1] - plan.qo_indptr[r],
+              sparse ? 0 : static_cast<std::int32_t>(causal_mask_len(plan, r)),
+              sparse ? 0 : plan.kv_indptr[r],
+              plan.partial_offset[r]};
   }
-  // counts: tiles, merge rows, and the graph merge's form (split_merge_graph_kernel).
-  const std::int32_t max_splits =
-      plan.num_splits.empty() ? 1
-                              : *std::max_element(plan.num_splits.begin(), plan.num_splits.end());
-  h.counts = {static_cast<std::int32_t>(plan.tiles.size()),
-              static_cast<std::int32_t>(h.merge.size()),
-              max_splits > kGraphWholeRowMaxSplits ? 1 : 0};
-  return h;
+}
+
+// The merge rows, [HostSizes::merge] at `out`: (request, row) for every row of a split request.
+void write_merge(const PlanState& plan, MergeItem* out) {
+  for (int r = 0; r < plan.batch; ++r) {
+    if (plan.num_splits[r] <= 1) continue;
+    const int rows = (plan.qo_indptr[r + 1] - plan.qo_indptr[r]) * plan.num_heads;
+    for (int row = 0; row < rows; ++row) *out++ = {r, row};
+  }
 }
 
 // The new problem within what the buffers (and a captured kernel) were made for.
-void require_fits_buffers(const PlanState& plan, const CudaPlanBuffers& b, const HostArrays& h) {
-  if (row_tiles_for(h.max_rows) > b.row_tiles) {
+void require_fits_buffers(const PlanState& plan, const CudaPlanBuffers& b, const HostSizes& z) {
+  if (row_tiles_for(z.max_rows) > b.row_tiles) {
     throw Error(ErrorCode::invalid_argument, "problem.qo_indptr",
-                msg("tiles of ", h.max_rows, " rows exceed the ", 16 * b.row_tiles,
+                msg("tiles of ", z.max_rows, " rows exceed the ", 16 * b.row_tiles,
                     " rows the graph-mode plan was made for (raise options.max_qo_len)"));
   }
   if (plan.partial_rows > b.cap_partial_rows) {
@@ -252,28 +270,28 @@ void require_fits_buffers(const PlanState& plan, const CudaPlanBuffers& b, const
         ErrorCode::invalid_argument, "problem",
         msg(plan.partial_rows, " split-KV partial rows exceed the capacity ", b.cap_partial_rows));
   }
-  require_fits(static_cast<std::int64_t>(h.tiles.size()), b.cap_tiles, "tiles");
+  require_fits(z.tiles, b.cap_tiles, "tiles");
   require_fits(static_cast<std::int64_t>(plan.qo_indptr.size()), b.cap_batch + 1, "qo_indptr");
   require_fits(static_cast<std::int64_t>(plan.kv_indices.size()), b.cap_kv_indices, "kv_indices");
   require_fits(static_cast<std::int64_t>(plan.sparse_indices.size()), b.cap_sparse,
                "sparse_indices");
-  require_fits(static_cast<std::int64_t>(h.merge.size()), b.cap_merge, "merge rows");
+  require_fits(z.merge, b.cap_merge, "merge rows");
 }
 
 // Host-side facts run() reads (grid sizes, the merge layout) after an upload.
-void set_live_sizes(const PlanState& plan, CudaPlanBuffers& b, const HostArrays& h) {
-  b.num_tiles = h.counts[0];
-  b.num_merge = h.counts[1];
+void set_live_sizes(const PlanState& plan, CudaPlanBuffers& b, const HostSizes& z) {
+  b.num_tiles = z.counts[0];
+  b.num_merge = z.counts[1];
   b.max_splits = plan.num_splits.empty()
                      ? 1
                      : *std::max_element(plan.num_splits.begin(), plan.num_splits.end());
 }
 
 // Byte offsets of the plan's arrays in its arena (and in each staging slot, laid out alike):
-// the small per-request arrays first, then the tiles, so a replan's first copy covers them and
-// the live tiles; the merge rows, sparse lists and page table after, each copied live. The page
-// table is last, so a plan that borrows its page table stages up to kv_indices only. Each array
-// starts on a 64-byte boundary.
+// the small per-request arrays first, then the tiles and the merge rows, so a replan's first copy
+// covers them up to the live merge rows; the sparse lists and page table after, each copied live.
+// The page table is last, so a plan that borrows its page table stages up to kv_indices only.
+// Each array starts on a 64-byte boundary.
 struct ArenaLayout {
   std::size_t counts = 0, qo_indptr = 0, num_splits = 0, partial_offset = 0, tiles = 0, merge = 0,
               sparse = 0, kv_indices = 0, bytes = 0;
@@ -321,6 +339,8 @@ void allocate_staging(CudaPlanBuffers& b, bool borrowed_pages) {
   for (int slot = 0; slot < 2; ++slot) {
     void* host = nullptr;
     FP8MLA_CUDA_CHECK(cudaMallocHost(&host, b.staging_bytes));
+    // A replan copies the capacities' slack between live arrays too: zeros, not junk.
+    std::memset(host, 0, b.staging_bytes);
     b.staging[slot] = static_cast<std::uint8_t*>(host);
     FP8MLA_CUDA_CHECK(cudaEventCreateWithFlags(&b.staged[slot], cudaEventDisableTiming));
   }
@@ -331,7 +351,7 @@ void allocate_staging(CudaPlanBuffers& b, bool borrowed_pages) {
 void cuda_upload_plan(PlanState& plan) {
   FP8MLA_CUDA_CHECK(cudaSetDevice(plan.device_id));
   const PlanOptions& o = plan.options;
-  const HostArrays h = host_arrays(plan);
+  const HostSizes z = host_sizes(plan);
   const bool borrowed = plan.borrowed_kv_indices.defined();
 
   if (!plan.cuda) {
@@ -352,10 +372,10 @@ void cuda_upload_plan(PlanState& plan) {
       b->cap_kv_indices = borrowed || plan.kv_indptr.empty() ? 0 : plan.kv_indptr.back();
       b->cap_sparse = static_cast<std::int64_t>(plan.sparse_indices.size());
       b->cap_partial_rows = plan.partial_rows;
-      b->cap_merge = static_cast<std::int64_t>(h.merge.size());
+      b->cap_merge = z.merge;
     }
     // The planner's bound (kernel_rows, the one its residency came from) covers every tile.
-    b->row_tiles = row_tiles_for(std::max(plan.kernel_rows, h.max_rows));
+    b->row_tiles = row_tiles_for(std::max(plan.kernel_rows, z.max_rows));
     allocate_arena(*b);
     b->partial_o = alloc<float>(b->cap_partial_rows * kDimCkv, b->device_id);
     b->partial_lse = alloc<float>(b->cap_partial_rows, b->device_id);
@@ -369,8 +389,12 @@ void cuda_upload_plan(PlanState& plan) {
     FP8MLA_CUDA_CHECK(cudaDeviceSynchronize());
   }
   CudaPlanBuffers& b = *plan.cuda;
-  require_fits_buffers(plan, b, h);
-  upload(b.tiles, h.tiles, b.cap_tiles, "tiles");
+  require_fits_buffers(plan, b, z);
+  std::vector<DeviceTile> tiles(static_cast<std::size_t>(z.tiles));
+  write_tiles(plan, tiles.data());
+  std::vector<MergeItem> merge(static_cast<std::size_t>(z.merge));
+  write_merge(plan, merge.data());
+  upload(b.tiles, tiles, b.cap_tiles, "tiles");
   upload(b.qo_indptr, plan.qo_indptr, b.cap_batch + 1, "qo_indptr");
   upload(b.num_splits, plan.num_splits, b.cap_batch, "num_splits");
   upload(b.partial_offset, plan.partial_offset, b.cap_batch, "partial_offset");
@@ -384,9 +408,9 @@ void cuda_upload_plan(PlanState& plan) {
     upload(b.kv_indices, plan.kv_indices, b.cap_kv_indices, "kv_indices");
   }
   upload(b.sparse, plan.sparse_indices, b.cap_sparse, "sparse_indices");
-  upload(b.merge, h.merge, b.cap_merge, "merge rows");
-  upload(b.counts, h.counts, 3, "counts");
-  set_live_sizes(plan, b, h);
+  upload(b.merge, merge, b.cap_merge, "merge rows");
+  cuda_copy_to_device(b.counts, z.counts, sizeof z.counts);
+  set_live_sizes(plan, b, z);
   // cudaMemcpy from pageable memory (and the device-to-device copy) may return before the DMA
   // lands; run() may be on a stream that does not wait for the legacy one, so wait here.
   FP8MLA_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
@@ -399,8 +423,8 @@ void cuda_upload_plan_async(PlanState& plan, void* stream) {
                 "the stream-ordered replan needs a graph-mode plan's staging buffers");
   }
   CudaPlanBuffers& b = *plan.cuda;
-  const HostArrays h = host_arrays(plan);
-  require_fits_buffers(plan, b, h);
+  const HostSizes z = host_sizes(plan);
+  require_fits_buffers(plan, b, z);
   if (b.staging_pages == plan.borrowed_kv_indices.defined()) {
     throw Error(ErrorCode::internal, "plan", "the page table's source changed since plan()");
   }
@@ -420,17 +444,20 @@ void cuda_upload_plan_async(PlanState& plan, void* stream) {
     FP8MLA_CUDA_CHECK(cudaMemcpyAsync(b.arena + offset, base + offset, bytes,
                                       cudaMemcpyHostToDevice, s));
   };
-  // One copy for counts ... partial_offset and the live tiles (the capacities' slack between them
-  // carries stale slot bytes, which no kernel reads: each reads below the live sizes), then the
-  // live merge rows, sparse lists and page table: one to four copies a replan, not eight.
-  fill(l.counts, h.counts);
+  // The tiles and merge rows are written straight into the slot (their counts are within the
+  // capacities: checked above). One copy for counts ... partial_offset, the live tiles and the live
+  // merge rows (the capacities' slack between them carries stale slot bytes, which no kernel
+  // reads: each reads below the live sizes), then the live sparse lists and page table: one to
+  // three copies a replan. Each cudaMemcpyAsync costs ~2-3 us of host time, more than the slack's
+  // bytes cost the copy engine.
+  std::memcpy(base + l.counts, z.counts, sizeof z.counts);
   fill(l.qo_indptr, plan.qo_indptr);
   fill(l.num_splits, plan.num_splits);
   fill(l.partial_offset, plan.partial_offset);
-  fill(l.tiles, h.tiles);
-  copy(0, l.tiles + bytes_of(h.tiles));
-  fill(l.merge, h.merge);
-  copy(l.merge, bytes_of(h.merge));
+  write_tiles(plan, reinterpret_cast<DeviceTile*>(base + l.tiles));
+  write_merge(plan, reinterpret_cast<MergeItem*>(base + l.merge));
+  copy(0, z.merge > 0 ? l.merge + static_cast<std::size_t>(z.merge) * sizeof(MergeItem)
+                      : l.tiles + static_cast<std::size_t>(z.tiles) * sizeof(DeviceTile));
   fill(l.sparse, plan.sparse_indices);
   copy(l.sparse, bytes_of(plan.sparse_indices));
   if (b.staging_pages) {
@@ -440,7 +467,7 @@ void cuda_upload_plan_async(PlanState& plan, void* stream) {
   FP8MLA_CUDA_CHECK(cudaEventRecord(b.staged[slot], s));
   b.staged_pending[slot] = true;
   b.next_slot = 1 - slot;
-  set_live_sizes(plan, b, h);
+  set_live_sizes(plan, b, z);
 }
 
 }  // namespace fp8mla::detail
