@@ -40,6 +40,7 @@ from ._tensors import (
     length,
     max_value,
     page_table,
+    raw_stream,
     squeeze_head_dim,
     to_log2_inplace,
     torch_module,
@@ -414,10 +415,9 @@ class BatchMLAPagedAttentionWrapper:
         kind, index = self._device
         if kind != "cuda" or (p["borrowed"] is None and is_torch(p["kvi"]) and p["kvi"].is_cuda):
             return None
-        torch = torch_module()
-        if torch is None:
+        if torch_module() is None:
             return None
-        return int(torch.cuda.current_stream(index).cuda_stream)
+        return raw_stream(index)
 
     # ---- run ----
 
