@@ -110,9 +110,10 @@ _raw_stream_getter = None
 def raw_stream(index):
     """torch's current cudaStream_t (as int) on CUDA device ``index``.
 
-    torch._C._cuda_getCurrentRawStream (the call torch's own generated code makes) costs a few
-    hundred ns where torch.cuda.current_stream(index).cuda_stream, which builds a Stream object,
-    costs ~4 us: once a re-plan or an eager run. The public form is the fallback.
+    torch._C._cuda_getCurrentRawStream (the call torch's own generated code makes) costs 0.7-0.9
+    us where torch.cuda.current_stream(index).cuda_stream, which builds a Stream object, costs
+    2.2-3.7 us (bench/replan_host.py on H100 hosts): once a re-plan or an eager run. The public
+    form is the fallback.
     """
     global _raw_stream_getter
     torch = torch_module()
