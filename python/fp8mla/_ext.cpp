@@ -198,6 +198,42 @@ NB_MODULE(_fp8mla, m) {
       "plan"_a, "problem"_a, "stream"_a,
       "fp8mla::replan(plan, problem, stream): the stream-ordered graph-mode replan");
 
+  // The per-step re-plan of an engine (the wrapper's replan_step): a Problem parsed once, of
+  // which each step replaces only the three host index arrays, so a step pays neither the
+  // tuple's parsing nor a new DLPack import of the borrowed page table (~3-5 us of host time).
+  nb::class_<StepProblem>(m, "StepProblem",
+                          "A Problem tuple (api._problem_args) parsed once for replan_step().")
+      .def(
+          "__init__",
+          [](StepProblem* t, const nb::tuple& problem) {
+            ProblemArgs pa;
+            fill_problem(pa, problem);
+            new (t) StepProblem{std::move(pa)};
+          },
+          "problem"_a);
+  m.def(
+      "replan_step",
+      [](fp8mla::Plan& p, const StepProblem& t, nb::handle qo_indptr, nb::handle kv_indptr,
+         nb::handle kv_len, std::uintptr_t stream, bool ordered) {
+        Args keep;
+        fp8mla::Problem problem = t.pa.problem;
+        problem.qo_indptr =
+            host_span<const std::int32_t>(keep.in(qo_indptr, "qo_indptr"), "qo_indptr", DType::i32);
+        problem.kv_indptr =
+            host_span<const std::int32_t>(keep.in(kv_indptr, "kv_indptr"), "kv_indptr", DType::i32);
+        problem.kv_len =
+            host_span<const std::int32_t>(keep.in(kv_len, "kv_len"), "kv_len", DType::i32);
+        nb::gil_scoped_release release;
+        if (ordered) {
+          fp8mla::replan(p, problem, as_stream(stream));
+        } else {
+          fp8mla::replan(p, problem);
+        }
+      },
+      "plan"_a, "step"_a, "qo_indptr"_a, "kv_indptr"_a, "kv_len"_a, "stream"_a, "ordered"_a,
+      "fp8mla::replan with a StepProblem's fields and new qo_indptr / kv_indptr / kv_len; "
+      "ordered: on `stream` (the stream-ordered graph-mode replan)");
+
   m.def(
       "run",
       [](const fp8mla::Plan& p, nb::handle q_nope, nb::handle q_pe, nb::handle ckv, nb::handle kpe,

@@ -212,6 +212,11 @@ struct ProblemArgs {
   fp8mla::Problem problem;
 };
 
+// A ProblemArgs kept between calls (_ext.StepProblem): its arrays stay alive with it.
+struct StepProblem {
+  ProblemArgs pa;
+};
+
 // The Problem of plan / replan / plan_context_parallel / replan_context_parallel, from the one
 // tuple api._problem_args builds: (qo_indptr, kv_indptr, kv_indices, kv_len, num_heads,
 // page_size, num_pages, kv_format, causal, sm_scale, topk, sparse_indices, causal_len, device,

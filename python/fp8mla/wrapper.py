@@ -154,6 +154,7 @@ class BatchMLAPagedAttentionWrapper:
         self._max_qo_len = max_qo_len
         self._plan = None  # the native Plan
         self._args = None  # the Problem tuple (api._problem_args) of the last build
+        self._step = None  # _ext.StepProblem of the last plan()'s fixed fields (replan_step)
         self._problem = None  # host copies + parameters of the last plan()
         self._planned_pages = None
         self._plan_info = None
@@ -349,13 +350,19 @@ class BatchMLAPagedAttentionWrapper:
                        n_pages=int(kvp[batch]))
         pages = self._num_pages if self._num_pages is not None else self._planned_pages
         last = self._args
-        # The library's Problem tuple (api._problem_args) with the new arrays, when only they
-        # changed: its other entries were converted and checked by the last build (the borrowed
-        # table's DLPack capsule, which is consumed once, is made again).
-        args = (qo, kvp, None, kvl) + last[4:-1] + (for_ext(p["borrowed"]),) if (
-            last is not None and batch > 0 and pages == self._planned_pages) else None
         try:
-            self._build(pages, problem, args)
+            if last is not None and batch > 0 and pages == self._planned_pages:
+                # Only the three arrays changed: the other entries of the last build's Problem
+                # tuple were converted and checked then, and are parsed once, into a
+                # StepProblem (with the borrowed table's DLPack import) that every step reuses.
+                if self._step is None:
+                    self._step = _ext.StepProblem(
+                        (qo, kvp, None, kvl) + last[4:-1] + (for_ext(p["borrowed"]),))
+                stream = self._plan_stream(problem)
+                _ext.replan_step(self._plan, self._step, qo, kvp, kvl, stream or 0,
+                                 stream is not None)
+            else:
+                self._build(pages, problem)
         except ValueError as e:
             raise renamed(e) from None
         self._problem = problem
@@ -370,19 +377,20 @@ class BatchMLAPagedAttentionWrapper:
             if buf is not None and length(buf) >= length(src):
                 copy_into(buf, src, name)
 
-    def _build(self, num_pages, p, args=None):
-        """(Re-)plans problem ``p`` for a pool of ``num_pages`` pages (``args``: its Problem
-        tuple when the caller has it)."""
+    def _build(self, num_pages, p):
+        """(Re-)plans problem ``p`` for a pool of ``num_pages`` pages."""
+        self._step = None  # parsed from the last build's fields, which this one may change
         if p["batch"] <= 0:
-            # An empty batch (SGLang's idle step): nothing to plan or compute.
+            # An empty batch (SGLang's idle step): nothing to plan or compute, and no Problem
+            # tuple for the next replan_step() to reuse.
             self._planned_pages = num_pages
+            self._args = None
             return
         kind, index = self._device
-        if args is None:
-            args = _problem_args(p["qo"], p["kvp"], p["kvi"], p["kvl"], p["num_heads"],
-                                 p["page_size"], num_pages, p["sm_scale"], p["fmt"], p["causal"],
-                                 0, None, (kind, index), q_dtype=p["q_dtype"],
-                                 out_dtype=p["out_dtype"], borrowed_kv_indices=p["borrowed"])
+        args = _problem_args(p["qo"], p["kvp"], p["kvi"], p["kvl"], p["num_heads"],
+                             p["page_size"], num_pages, p["sm_scale"], p["fmt"], p["causal"],
+                             0, None, (kind, index), q_dtype=p["q_dtype"],
+                             out_dtype=p["out_dtype"], borrowed_kv_indices=p["borrowed"])
         if self._use_cuda_graph and self._plan is not None:
             stream = self._plan_stream(p)
             if stream is None:

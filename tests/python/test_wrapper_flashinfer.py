@@ -473,6 +473,36 @@ def test_replan_step_plans_new_lengths_over_the_constructor_buffer(rng):
         ref.check_attention(out, None, ro, None, f"step {step}")
 
 
+def test_replan_step_after_run_replanned_for_a_larger_pool(rng):
+    """run() over a larger pool than the plan's re-plans for that pool; the next replan_step()
+    plans for it too (the fields a step reuses are taken again after any re-plan), so page ids
+    past the first pool are read, not refused as outside it."""
+    small, large = 20, 40
+    data, pool = ref.make_pool(rng, "fp8_e4m3", large, 4)
+    kvi = np.zeros(40, np.int32)
+    w = fp8mla.BatchMLAPagedAttentionWrapper(None, use_cuda_graph=True, kv_indices=kvi,
+                                             max_batch=2)
+    for step, (lens, pages) in enumerate([([20, 7], small), ([11, 5], small), ([30, 9], large)]):
+        b = ref.Batch(rng, lens, [1, 1], 4, num_pages=pages)
+        kvi[: len(b.kv_indices)] = b.kv_indices
+        if step == 0:
+            plan_flat(w, b)
+        else:
+            w.replan_step(np.asarray(b.qo_indptr, np.int32), np.asarray(b.kv_indptr, np.int32),
+                          np.asarray(b.kv_len, np.int32))
+        if step == 2:
+            assert b.kv_indices.max() >= small  # the case: pages the first pool did not have
+        q_bits, q = ref.random_q(rng, b.total_q, 4)
+        # Steps 0 and 1 run on the first pool's pages; step 1's run then on the whole pool
+        # re-plans for it before step 2's replan_step.
+        for view in ([data[:small]] if step == 0 else [data[:small], data] if step == 1
+                     else [data]):
+            out = w.run(q_bits[:, :, :512], q_bits[:, :, 512:], view[:, :, :512],
+                        view[:, :, 512:], **UNIT)
+            ro, _ = reference(b, q, pool)
+            ref.check_attention(out, None, ro, None, f"step {step}, {len(view)} pages")
+
+
 def test_replan_step_checks_its_arrays_and_keeps_the_last_plan(rng):
     """Bad arrays raise ValueError naming the argument, and the last plan stays usable."""
     b = ref.Batch(rng, [9, 20], [1, 1], 4)
