@@ -154,7 +154,7 @@ class BatchMLAPagedAttentionWrapper:
         self._max_qo_len = max_qo_len
         self._plan = None  # the native Plan
         self._args = None  # the Problem tuple (api._problem_args) of the last build
-        self._step = None  # _ext.StepProblem of the last plan()'s fixed fields (replan_step)
+        self._step = None  # _ext.StepProblem of the last build's fixed fields (replan_step)
         self._problem = None  # host copies + parameters of the last plan()
         self._planned_pages = None
         self._plan_info = None
