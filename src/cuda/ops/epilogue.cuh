@@ -87,7 +87,8 @@ __device__ __forceinline__ void write_row(const DecodeParams& p, const WorkTile&
 
 // Writes row r (= g + 8 h of its m-tile) of a finished tile whose P V fragments came through
 // ldmatrix.trans of bf16 V (n-tile n holds columns 64 warp + 8 n + 2 tq, + 1): bf16 out and lse,
-// or the split's fp32 partial row and lse (bf16_tma, bf16_gather, portable over bf16).
+// or the split's fp32 partial row and lse (bf16_tma, bf16_gather, portable over bf16, shared_tile
+// for each of its m-tiles).
 __device__ __forceinline__ void write_row_trans(const DecodeParams& p, const WorkTile& t,
                                                 const DeviceTile& tile, int warp, int tq, int h,
                                                 int r, const float (&o)[8][4], RowEnd end) {

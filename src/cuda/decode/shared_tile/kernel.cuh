@@ -467,28 +467,9 @@ __global__ void __launch_bounds__(kThreads, Smem<F, MT>::kMinBlocks)
     for (int h = 0; h < 2; ++h) {
       const int r = 16 * m + lane / 4 + 8 * h;
       if (r >= rows) continue;
-      const RowEnd end = finish_row(row_max[m][h], row_sum[m][h], p.out_scale);
-      const float inv = end.inv, lse = end.lse;
-      const int tq = r / t.head_count;
-      const std::int64_t head = t.head_begin + r % t.head_count;
-      const std::int64_t token = q_first + tq;
-      const int col0 = 64 * warp + 2 * (lane % 4);
-      if (t.split < 0) {
-        __nv_bfloat16* dst = p.out + token * p.out_stride[0] + head * p.out_stride[1];
-#pragma unroll
-        for (int n = 0; n < 8; ++n)
-          store_out2(dst + col0 + 8 * n, p.out_f16, o[m][n][2 * h] * inv, o[m][n][2 * h + 1] * inv);
-        if (p.lse != nullptr && warp == 0 && lane % 4 == 0)
-          p.lse[token * p.lse_stride[0] + head * p.lse_stride[1]] = lse;
-      } else {
-        const std::int64_t prow = partial_row(p, t, qo_len, tq, head);
-        float* dst = p.partial_o + prow * 512;
-#pragma unroll
-        for (int n = 0; n < 8; ++n)
-          *reinterpret_cast<float2*>(dst + col0 + 8 * n) =
-              make_float2(o[m][n][2 * h] * inv, o[m][n][2 * h + 1] * inv);
-        if (warp == 0 && lane % 4 == 0) p.partial_lse[prow] = lse;
-      }
+      // m-tile m's fragments are those of the <= 16-row bf16 families (ldmatrix.trans of V).
+      write_row_trans(p, t, tile, warp, lane % 4, h, r, o[m],
+                      finish_row(row_max[m][h], row_sum[m][h], p.out_scale));
     }
 }
 
