@@ -1,30 +1,41 @@
 #!/usr/bin/env python3
-"""MLA decode over an FP8 e4m3 latent cache: fp8mla beside FlashInfer's fa3 backend, on the same
-inputs with the same timing method, each checked against a float64 reference first.
+"""MLA decode over FP8 latent caches: fp8mla beside FlashInfer's fa3 backend and FlashMLA's sparse
+FP8 decode, on the same inputs with the same timing method, each checked against a float64
+reference first.
 
 Cases (peers_cases.py): the dense grid of `fp8mla bench` (bs/heads/ctx, pages of 64 and 1) and
 the sparse top-k grid (k 2048 and 512, heads 8/16/64/128, 1-128 query tokens, slots drawn over
-the whole pool with some -1 entries). Inputs (peers_inputs.py): one pool of FP8 tokens (default
-8 GiB, far larger than L2) with per-tensor ckv/kpe scales, bf16 queries, and per case several
-calls, each over its own pages (dense) or its own random slots (sparse). Peers:
+the whole pool with some -1 entries). Inputs (peers_inputs.py): one pool of 576-byte FP8 tokens
+(default 8 GiB, far larger than L2) with per-tensor ckv/kpe scales; when a peer reads it, a
+block pool of as many 656-byte block-scaled tokens (DeepSeek V3.2's layout, so the same page
+tables and slots index both); bf16 queries, and per case several calls, each over its own pages
+(dense) or its own random slots (sparse). Peers:
 
-  fp8mla      its FlashInfer-style wrapper (dense) and its sparse mode, -1 entries in place
-  flashinfer  BatchMLAPagedAttentionWrapper(backend="fa3"), kv_data_type=float8_e4m3fn; sparse
-              as vLLM's FLASHINFER_MLA_SPARSE_SM90 runs it: pages of one token, the top-k slots
-              as the page table, kv_len = the valid slots (-1 entries dropped)
+  fp8mla        576-byte pool: its FlashInfer-style wrapper (dense) and its sparse mode, -1
+                entries in place
+  fp8mla_block  656-byte pool (kv_format "fp8_e4m3_block"), the same two paths
+  flashmla      656-byte pool: FlashMLA's sparse FP8 decode (vLLM's prebuilt FlashMLA), as
+                vLLM's FLASHMLA_SPARSE backend calls it, heads below 64 padded to 64; sparse
+                cases only
+  flashinfer    576-byte pool: BatchMLAPagedAttentionWrapper(backend="fa3"),
+                kv_data_type=float8_e4m3fn; sparse as vLLM's FLASHINFER_MLA_SPARSE_SM90 runs
+                it: pages of one token, the top-k slots as the page table, kv_len = the valid
+                slots (-1 entries dropped)
 
 Each (case, peer): call 0 runs on a NaN-poisoned output and is compared with the float64
-reference on three requests (rel. L2 <= 2e-2, and every output element written); then all calls
-are captured in one CUDA graph and replayed, L2 flushed between replays (peers_timing.py). GB/s
-counts the FP8 bytes of the tokens listed (dense: bs x ctx x 576; sparse: valid slots x 576);
-%read is that over the run's own read ceiling (max of a 2 GiB device copy, read + write bytes,
-and a streaming sum over 2 GiB).
+reference over the pool the peer reads on three requests (rel. L2 <= 2e-2, and every output
+element written); then all calls are captured in one CUDA graph and replayed, L2 flushed between
+replays (peers_timing.py). GB/s counts the cache bytes of the tokens listed (dense: bs x ctx;
+sparse: the valid slots; 576 bytes a token, 656 for the block pool's peers); %read is that over
+the run's own read ceiling (max of a 2 GiB device copy, read + write bytes, and a streaming sum
+over 2 GiB).
 
 A peer that does not import is reported "not importable: <reason>" in every row; a case a peer
 rejects or fails is reported "error: <reason>"; nothing is skipped silently.
 
-    python3 bench/peers/mla_peers.py [--quick] [--cases PATTERNS] [--peers fp8mla,flashinfer]
-        [--json PATH] [--time-limit SECONDS] [--list]
+    python3 bench/peers/mla_peers.py [--quick] [--cases PATTERNS]
+        [--peers fp8mla,fp8mla_block,flashmla,flashinfer] [--json PATH] [--time-limit SECONDS]
+        [--list]
 """
 
 import argparse
@@ -38,7 +49,11 @@ import peers_cases as pc  # noqa: E402
 import peers_reference as ref  # noqa: E402
 import peers_report as report  # noqa: E402
 
-PEERS = ("fp8mla", "flashinfer")
+PEERS = ("fp8mla", "fp8mla_block", "flashmla", "flashinfer")
+
+# The summary's pairs (a, b): lines "b/a" for the cases both checked and timed. fp8mla_block and
+# flashmla read the same 656-byte tokens; fp8mla and flashinfer the same 576-byte ones.
+PAIRS = (("fp8mla", "flashinfer"), ("fp8mla_block", "flashmla"), ("fp8mla", "flashmla"))
 
 
 def parse_args(argv=None):
@@ -47,9 +62,12 @@ def parse_args(argv=None):
     p.add_argument("--cases", default="", help="comma-separated fnmatch patterns over case "
                    "names (dense/BS/HEADS/CTX/pPAGE, sparse/BS/HEADS/kTOPK/pPAGE), or "
                    "'dense' / 'sparse'; default all")
-    p.add_argument("--peers", default=",".join(PEERS), help="comma-separated: fp8mla,flashinfer")
+    p.add_argument("--peers", default=",".join(PEERS),
+                   help=f"comma-separated, some of {','.join(PEERS)} (default all)")
     p.add_argument("--json", default="", help="write the results here")
-    p.add_argument("--pool-gib", type=float, default=8.0, help="FP8 pool size (default 8)")
+    p.add_argument("--pool-gib", type=float, default=8.0,
+                   help="576-byte FP8 pool size (default 8); the block pool, made when a peer "
+                        "reads it, has as many tokens (656 bytes each)")
     p.add_argument("--calls", type=int, default=8, help="timed calls a graph (default 8)")
     p.add_argument("--reps", type=int, default=0, help="graph replays (default 20, quick 7)")
     p.add_argument("--invalid-frac", type=float, default=0.05,
@@ -84,9 +102,12 @@ def parse_args(argv=None):
 def load_peers(names):
     """{name: (peer object or None, description or 'not importable: reason')}."""
     import peer_flashinfer
+    import peer_flashmla
     import peer_fp8mla
 
     loaders = {"fp8mla": (peer_fp8mla.load, peer_fp8mla.Fp8mlaPeer),
+               "fp8mla_block": (peer_fp8mla.load, peer_fp8mla.Fp8mlaBlockPeer),
+               "flashmla": (peer_flashmla.load, peer_flashmla.FlashmlaPeer),
                "flashinfer": (peer_flashinfer.load, peer_flashinfer.FlashinferPeer)}
     peers = {}
     for name in names:
@@ -99,25 +120,36 @@ def load_peers(names):
     return peers
 
 
+def reads_block_pool(peers):
+    """Whether a loaded peer reads the 656-byte block pool (its `pool` attribute "block")."""
+    return any(p is not None and getattr(p, "pool", "fp8") == "block" for p, _ in peers.values())
+
+
 def first_line(e):
     text = str(e).strip()
     return (text.splitlines()[0] if text else repr(e))[:300]
 
 
-def run_case(torch, case, pool, peers, args, ceilings, timer, sync):
+def run_case(torch, case, pool, peers, args, ceilings, timer, sync, block_pool=None):
     """The rows of one case, one a requested peer. timer(runs) -> microseconds a call (the
-    CUDA-graph timing on the device); sync() waits for the device."""
+    CUDA-graph timing on the device); sync() waits for the device. block_pool: the 656-byte
+    pool the peers with pool = "block" read (None when none is selected).
+
+    A peer may define publish(inputs): called after the check's call, outside the timed calls,
+    it copies what the peer wrote into its own buffers (e.g. a head-padded output) into
+    inputs.out for the check."""
     import peers_inputs
 
     rows = []
     try:
         inputs = peers_inputs.CaseInputs(torch, case, pool, args.calls,
-                                         args.seed + hash_case(case), args.invalid_frac)
+                                         args.seed + hash_case(case), args.invalid_frac,
+                                         block_pool=block_pool)
         requests = pc.check_requests(case.bs)
-        ref_o, _ = inputs.reference(requests)
     except Exception as e:  # the case's inputs (e.g. a pool too small for one call)
         why = f"error: inputs: {type(e).__name__}: {first_line(e)}"
         return [report.row(case, name, why) for name in args.peer_list]
+    refs = {}  # the float64 reference over each pool, made when a peer first needs it
     for name in args.peer_list:
         peer, desc = peers[name]
         if peer is None:
@@ -125,15 +157,23 @@ def run_case(torch, case, pool, peers, args, ceilings, timer, sync):
             continue
         runs = None
         try:
+            kind = getattr(peer, "pool", "fp8")
+            if kind not in refs:
+                refs[kind] = inputs.reference(requests, kind)[0]
             t0 = time.time()
             runs = peer.prepare(inputs)
             prep_s = time.time() - t0
             inputs.poison_out()
             runs[0]()
             sync()
+            if hasattr(peer, "publish"):
+                peer.publish(inputs)
+                sync()
             got, finite = inputs.output_rows(requests)
-            err = ref.rel_l2(got, ref_o)
+            err = ref.rel_l2(got, refs[kind])
             notes = [f"kernel {peer.kernel_name}"] if getattr(peer, "kernel_name", None) else []
+            if getattr(peer, "note", None):
+                notes.append(peer.note)
             if prep_s >= 1.0:
                 notes.append(f"plan {prep_s:.1f} s")
             note = ", ".join(notes)
@@ -144,7 +184,7 @@ def run_case(torch, case, pool, peers, args, ceilings, timer, sync):
                                        rel_l2=err, note=note))
                 continue
             us = timer(runs)
-            rows.append(report.row(case, name, "ok", inputs.calls, us, inputs.bytes_per_call,
+            rows.append(report.row(case, name, "ok", inputs.calls, us, inputs.bytes_for(kind),
                                    ceilings["read_ceiling_gbs"], err, note))
         except Exception as e:
             rows.append(report.row(case, name, f"error: {type(e).__name__}: {first_line(e)}",
@@ -159,16 +199,18 @@ def hash_case(case):
 
 
 def speedups(rows):
-    """Lines 'case: fp8mla X us, flashinfer Y us -> Y/X' for the cases both peers timed."""
+    """Lines 'case: A X us, B Y us, B/A Y/X' for each pair of PAIRS both checked and timed on a
+    case, grouped by pair."""
     by = {}
     for r in rows:
         if r["status"] == "ok":
             by.setdefault(r["case"], {})[r["peer"]] = r["us"]
     lines = []
-    for case, us in by.items():
-        if "fp8mla" in us and "flashinfer" in us:
-            lines.append(f"  {case:<28} fp8mla {us['fp8mla']:8.1f} us  flashinfer "
-                         f"{us['flashinfer']:8.1f} us  flashinfer/fp8mla {us['flashinfer'] / us['fp8mla']:.2f}")
+    for a, b in PAIRS:
+        for case, us in by.items():
+            if a in us and b in us:
+                lines.append(f"  {case:<28} {a} {us[a]:8.1f} us  {b} {us[b]:8.1f} us  "
+                             f"{b}/{a} {us[b] / us[a]:.2f}")
     return lines
 
 
@@ -206,6 +248,14 @@ def main(argv=None):
     print(f"pool: {tokens} tokens x {pc.TOKEN_BYTES} B = {tokens * pc.TOKEN_BYTES / 2**30:.2f} "
           f"GiB of e4m3 codes, ckv_scale {peers_inputs.CKV_SCALE}, kpe_scale "
           f"{peers_inputs.KPE_SCALE} (filled in {time.time() - t0:.1f} s)")
+    block_pool = None
+    if reads_block_pool(peers):
+        t0 = time.time()
+        block_pool = peers_inputs.make_block_pool(torch, device, tokens, args.seed + 1)
+        torch.cuda.synchronize()
+        print(f"block pool: {tokens} tokens x {pc.BLOCK_TOKEN_BYTES} B = "
+              f"{tokens * pc.BLOCK_TOKEN_BYTES / 2**30:.2f} GiB (512 e4m3, 4 float32 power-of-two "
+              f"scales, 64 bf16 a token; filled in {time.time() - t0:.1f} s)")
     flush = torch.empty(peers_timing.l2_flush_bytes(torch, device), dtype=torch.uint8,
                         device=device)
 
@@ -218,7 +268,7 @@ def main(argv=None):
         t = time.time()
         case_rows = run_case(torch, case, pool, peers, args, ceilings,
                              lambda runs: peers_timing.time_calls(torch, runs, args.reps, flush),
-                             torch.cuda.synchronize)
+                             torch.cuda.synchronize, block_pool)
         rows.extend(case_rows)
         brief = ", ".join(f"{r['peer']} " + (f"{r['us']:.1f} us" if r["status"] == "ok"
                                              else r["status"][:60]) for r in case_rows)
@@ -230,12 +280,14 @@ def main(argv=None):
     print(report.table(rows))
     lines = speedups(rows)
     if lines:
-        print("\nsame inputs, both checked and timed:")
+        print("\nsame cases, both checked and timed (fp8mla_block and flashmla read the same "
+              "656-byte tokens, fp8mla and flashinfer the same 576-byte ones):")
         print("\n".join(lines))
     meta = {
         "device": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
         "cuda": torch.version.cuda, "argv": sys.argv[1:] if argv is None else list(argv),
         "pool_tokens": tokens, "pool_bytes": tokens * pc.TOKEN_BYTES,
+        "block_pool_bytes": tokens * pc.BLOCK_TOKEN_BYTES if block_pool is not None else 0,
         "ckv_scale": peers_inputs.CKV_SCALE, "kpe_scale": peers_inputs.KPE_SCALE,
         "sm_scale": peers_inputs.SM_SCALE, "calls": args.calls, "reps": args.reps,
         "invalid_frac": args.invalid_frac, "check_rel_l2": report.CHECK_REL_L2,

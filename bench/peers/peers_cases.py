@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 TOKEN_BYTES = 576  # fp8_e4m3: 512 latent (ckv) + 64 rotary (kpe) bytes
+BLOCK_TOKEN_BYTES = 656  # fp8_e4m3_block: 512 e4m3 + 4 float32 scales + 64 bf16 (rope)
 
 # `fp8mla bench`'s dense shapes (bs, heads, ctx), each at pages of 64 and 1 tokens.
 DENSE_SHAPES = (
@@ -152,11 +153,10 @@ def dense_request_tokens(table, kv_indptr, kv_len, page, r):
     return tokens[: int(kv_len[r])]
 
 
-def bytes_read(case, valid_per_call=None):
-    """FP8 bytes a call reads at least: every listed token once (dense: bs x ctx; sparse: the
-    valid top-k entries, averaged over the calls when given)."""
-    if case.kind == "dense":
-        return case.bs * case.ctx * TOKEN_BYTES
-    if valid_per_call is None:
-        return case.bs * case.ctx * TOKEN_BYTES
-    return float(np.mean(valid_per_call)) * TOKEN_BYTES
+def bytes_read(case, valid_per_call=None, token_bytes=TOKEN_BYTES):
+    """Cache bytes a call reads at least: every listed token once (dense: bs x ctx; sparse: the
+    valid top-k entries, averaged over the calls when given), token_bytes a token (576 for the
+    e4m3 pool, 656 for the block-scaled one)."""
+    if case.kind == "dense" or valid_per_call is None:
+        return case.bs * case.ctx * token_bytes
+    return float(np.mean(valid_per_call)) * token_bytes

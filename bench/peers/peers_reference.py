@@ -1,4 +1,5 @@
-"""The peer benchmark's float64 reference (numpy): e4m3 codes to values, bf16 bits to values, MLA
+"""The peer benchmark's float64 reference (numpy): e4m3 codes to values, bf16 bits to values, the
+two token formats (576 e4m3 bytes with per-tensor scales; 656-byte block-scaled tokens), MLA
 attention of one query token over its keys, and the relative L2 error the peers are judged by.
 
 Absorbed MLA: q [H, 576] (512 latent + 64 rotary), keys [n, 576] (ckv + kpe, decoded), values =
@@ -8,6 +9,8 @@ the keys' 512 latent dims; o = softmax(sm_scale q k^T) v, lse natural log.
 import numpy as np
 
 DIM_CKV, DIM_QK = 512, 576
+BLOCK_TOKEN_BYTES = 656  # 512 e4m3 codes | 4 float32 scales | 64 bf16 rope values
+BLOCK_GROUP = 128  # latent values a block scale covers
 
 
 def _e4m3_table():
@@ -30,6 +33,21 @@ def decode_tokens(codes, ckv_scale, kpe_scale):
     v[..., :DIM_CKV] *= float(ckv_scale)
     v[..., DIM_CKV:] *= float(kpe_scale)
     return v
+
+
+def decode_block_tokens(data):
+    """656-byte block-scaled tokens (DeepSeek V3.2 / FlashMLA's FP8 sparse layout) uint8
+    [..., 656] -> float64 [..., 576]: latent value i = code i x float32 scale i // 128 (the four
+    little-endian float32 at bytes 512..527), the rope part the 64 little-endian bf16 at bytes
+    528..655."""
+    b = np.ascontiguousarray(np.asarray(data, dtype=np.uint8))
+    if b.shape[-1] != BLOCK_TOKEN_BYTES:
+        raise ValueError(f"expected [..., {BLOCK_TOKEN_BYTES}] bytes, got shape {b.shape}")
+    out = np.empty(b.shape[:-1] + (DIM_QK,), dtype=np.float64)
+    scales = b[..., DIM_CKV:DIM_CKV + 16].copy().view("<f4").astype(np.float64)  # [..., 4]
+    out[..., :DIM_CKV] = E4M3[b[..., :DIM_CKV]] * np.repeat(scales, BLOCK_GROUP, axis=-1)
+    out[..., DIM_CKV:] = bf16_to_f64(b[..., DIM_CKV + 16:].copy().view("<u2"))
+    return out
 
 
 def bf16_to_f64(bits):
