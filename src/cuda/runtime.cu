@@ -212,15 +212,15 @@ struct HostSizes {
   std::int64_t tiles = 0;
   std::int64_t merge = 0;              // rows of split requests: every row of each
   std::int32_t counts[3] = {0, 0, 0};  // tiles, merge rows, the graph merge's form
+  std::int32_t max_splits = 1;         // the most splits of any request
   int max_rows = 1;                    // the most rows of any tile
 };
 
 HostSizes host_sizes(const PlanState& plan) {
   HostSizes z;
   z.tiles = static_cast<std::int64_t>(plan.tiles.size());
-  std::int32_t max_splits = 1;
   for (int r = 0; r < plan.batch; ++r) {
-    max_splits = std::max(max_splits, plan.num_splits[r]);
+    z.max_splits = std::max(z.max_splits, plan.num_splits[r]);
     if (plan.num_splits[r] > 1) {
       z.merge +=
           static_cast<std::int64_t>(plan.qo_indptr[r + 1] - plan.qo_indptr[r]) * plan.num_heads;
@@ -230,7 +230,7 @@ HostSizes host_sizes(const PlanState& plan) {
   // counts: tiles, merge rows, and the graph merge's form (split_merge_graph_kernel).
   z.counts[0] = static_cast<std::int32_t>(z.tiles);
   z.counts[1] = static_cast<std::int32_t>(z.merge);
-  z.counts[2] = max_splits > kGraphWholeRowMaxSplits ? 1 : 0;
+  z.counts[2] = z.max_splits > kGraphWholeRowMaxSplits ? 1 : 0;
   return z;
 }
 
@@ -279,12 +279,10 @@ void require_fits_buffers(const PlanState& plan, const CudaPlanBuffers& b, const
 }
 
 // Host-side facts run() reads (grid sizes, the merge layout) after an upload.
-void set_live_sizes(const PlanState& plan, CudaPlanBuffers& b, const HostSizes& z) {
+void set_live_sizes(CudaPlanBuffers& b, const HostSizes& z) {
   b.num_tiles = z.counts[0];
   b.num_merge = z.counts[1];
-  b.max_splits = plan.num_splits.empty()
-                     ? 1
-                     : *std::max_element(plan.num_splits.begin(), plan.num_splits.end());
+  b.max_splits = z.max_splits;
 }
 
 // Byte offsets of the plan's arrays in its arena (and in each staging slot, laid out alike):
@@ -410,7 +408,7 @@ void cuda_upload_plan(PlanState& plan) {
   upload(b.sparse, plan.sparse_indices, b.cap_sparse, "sparse_indices");
   upload(b.merge, merge, b.cap_merge, "merge rows");
   cuda_copy_to_device(b.counts, z.counts, sizeof z.counts);
-  set_live_sizes(plan, b, z);
+  set_live_sizes(b, z);
   // cudaMemcpy from pageable memory (and the device-to-device copy) may return before the DMA
   // lands; run() may be on a stream that does not wait for the legacy one, so wait here.
   FP8MLA_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
@@ -467,7 +465,7 @@ void cuda_upload_plan_async(PlanState& plan, void* stream) {
   FP8MLA_CUDA_CHECK(cudaEventRecord(b.staged[slot], s));
   b.staged_pending[slot] = true;
   b.next_slot = 1 - slot;
-  set_live_sizes(plan, b, z);
+  set_live_sizes(b, z);
 }
 
 }  // namespace fp8mla::detail
