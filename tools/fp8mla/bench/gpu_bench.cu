@@ -312,7 +312,8 @@ void write_json(const std::string& path, const Ceilings& c, const std::vector<Ca
       << "\", \"bytes\": " << r.bytes << ", \"sparse\": " << (r.topk > 0 ? "true" : "false")
       << ", \"topk\": " << r.topk;
     if (r.topk > 0) {
-      f << ", \"valid_per_row\": " << r.valid_per_row << ", \"pool_tokens\": " << r.pool_tokens;
+      f << ", \"valid_per_row\": " << r.valid_per_row << ", \"pool_tokens\": " << r.pool_tokens
+        << ", \"gather_gbs\": " << r.gather_gbs;
     }
     f << "}" << (i + 1 < rs.size() ? "," : "") << "\n";
   }

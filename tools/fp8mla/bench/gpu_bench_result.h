@@ -27,6 +27,7 @@ struct CaseResult {
   int valid_per_row = 0;      // sparse: listed (not -1) slots a top-k row
   std::int64_t pool_tokens = 0;  // sparse: the tokens the slots are drawn over
   double bytes = 0;              // the floor's bytes of one call (GB/s is bytes / us)
+  double gather_gbs = 0;         // sparse: the same lists' bytes read by a plain gather kernel
 };
 
 // The format in the tables' 9-character column: fp8 (fp8_e4m3), fp8_block (FlashMLA's 656-byte

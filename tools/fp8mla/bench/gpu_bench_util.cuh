@@ -102,6 +102,13 @@ KvCacheView cache_view(std::uint8_t* base, KvFormat f, std::int64_t pages, int p
 void gather_tokens(cudaStream_t s, const std::uint8_t* pool, std::int64_t token_bytes,
                    const std::int32_t* slots, std::int64_t n, std::uint8_t* dst);
 
+// Reads the bytes of the `n` tokens of `token_bytes` bytes (a multiple of 16) at the global slots
+// slots[0, n) (device memory; -1: no token) of a dense pool, 16 bytes a load, and writes nothing
+// but (almost never) one word to sink: the sparse grid's gather ceiling, the same lists' bytes
+// read with nothing else to do.
+void read_tokens(cudaStream_t s, const std::uint8_t* pool, std::int64_t token_bytes,
+                 const std::int32_t* slots, std::int64_t n, std::uint32_t* sink);
+
 // The benches' batches: `bs` requests of `qo_len` query tokens and `ctx` tokens each (causal
 // when qo_len > 1: MTP / speculative verify; qo_len <= ctx), sm_scale 1 / sqrt(192), and
 // `regions` page tables over disjoint regions of the pool (region v: pages [v n, (v + 1) n),

@@ -161,6 +161,17 @@ struct SparseRunner {
     r.read_pct = 100.0 * r.gbs / m.ceil.read_gbs;
     r.tfs = sparse_flops(c) / (us * 1e6);
     r.mm_pct = m.ceil.matmul_tfs > 0 ? 100.0 * r.tfs / m.ceil.matmul_tfs : 0;
+    // The gather ceiling: the same calls' lists read by read_tokens, timed the same way (the
+    // check's slot scratch, rewritten below, takes the sink's word).
+    const double gather_us =
+        time_captured_within(m.s, calls, o.quick ? 0.05 : 0.15, 3, o.quick ? 5 : 15, [&] {
+          for (int v = 0; v < calls; ++v) {
+            read_tokens(m.s, m.pool, tb, d_idx + v * idx_elems,
+                        static_cast<std::int64_t>(idx_elems),
+                        reinterpret_cast<std::uint32_t*>(d_slots));
+          }
+        });
+    r.gather_gbs = r.bytes / (gather_us * 1e3);
 
     // The check: call 0 on a poisoned output (0xffff: a bf16 NaN in every element).
     FP8MLA_CUDA_CHECK(cudaMemsetAsync(out, 0xff, o_elems * 2, m.s));
@@ -278,8 +289,9 @@ bool run_sparse_grid(const BenchMemory& m, const GpuBenchOptions& o, std::vector
   const std::vector<SparseCase> cases = sparse_grid(axes);
   std::printf(
       "sparse top-k: every query token reads its own row of k slots drawn over the whole pool "
-      "(distinct;\nk / 20 of them -1); GB/s counts the listed slots' bytes once a row; check: "
-      "rel L2 against the\nfloat64 reference (first and last request, <= 8 heads), every "
+      "(distinct;\nk / 20 of them -1); GB/s counts the listed slots' bytes once a row; gath: "
+      "the same lists'\nbytes read by a plain gather kernel (GB/s), the case's gather ceiling; "
+      "check: rel L2 against\nthe float64 reference (first and last request, <= 8 heads), every "
       "output element written\n");
   int device = 0, l2 = 0;
   FP8MLA_CUDA_CHECK(cudaGetDevice(&device));
@@ -303,16 +315,18 @@ bool run_sparse_grid(const BenchMemory& m, const GpuBenchOptions& o, std::vector
     rows.push_back(run_named_case(label, [&] { return runner.run(c); }));
   }
   bool ok = true;
-  std::printf("\n%-5s %-4s %-5s %-3s %-4s %-9s %-14s %9s %8s %8s %7s %8s %7s %9s\n", "topk", "bs",
-              "heads", "qo", "page", "format", "kernel", "us", "MB", "GB/s", "%read", "TF/s", "%mm",
-              "check");
+  std::printf("\n%-5s %-4s %-5s %-3s %-4s %-9s %-14s %9s %8s %8s %7s %6s %7s %8s %7s %9s\n",
+              "topk", "bs", "heads", "qo", "page", "format", "kernel", "us", "MB", "GB/s", "%read",
+              "gath", "%gath", "TF/s", "%mm", "check");
   for (const CaseResult& r : rows) {
     const bool pass = check_passes(r.check);
     ok = ok && pass;
     std::printf(
-        "%-5d %-4d %-5d %-3d %-4d %-9s %-14s %9.1f %8.2f %8.0f %6.1f%% %8.1f %6.1f%% %9s%s\n",
+        "%-5d %-4d %-5d %-3d %-4d %-9s %-14s %9.1f %8.2f %8.0f %6.1f%% %6.0f %6.1f%% %8.1f %6.1f%% "
+        "%9s%s\n",
         r.topk, r.batch, r.heads, r.qo_len, r.page_size, table_format(r.format), r.kernel.c_str(),
-        r.us, r.bytes / 1e6, r.gbs, r.read_pct, r.tfs, r.mm_pct,
+        r.us, r.bytes / 1e6, r.gbs, r.read_pct, r.gather_gbs,
+        r.gather_gbs > 0 ? 100.0 * r.gbs / r.gather_gbs : 0.0, r.tfs, r.mm_pct,
         std::isnan(r.check) ? "unwritten" : msg(r.check).substr(0, 8).c_str(),
         pass ? "" : "  FAILED");
     all.push_back(r);
