@@ -41,6 +41,12 @@ struct DecodeParams {
   int page_shift;           // log2(page_size)
   std::int64_t pool_slots;  // num_pages * page_size (bound for sparse indices)
   bool causal;
+  // The entries the copies follow (kv_indices dense, sparse_indices sparse) are the plan's own,
+  // written only by host copies, so a kernel may read them before pdl_wait (the set-up that
+  // overlaps the kernel before it). false when the caller owns them (a borrowed page table,
+  // sparse indices passed to run()): an engine's kernel may write them right before run(), so
+  // they are read after the wait, as q and the cache are.
+  bool entries_before_wait;
   float scale_nope;  // multiplies q_nope . ckv: sm_scale * log2(e) * ckv_scale (fp8_e4m3)
   float scale_pe;    // multiplies q_pe . kpe:  sm_scale * log2(e) * kpe_scale (fp8_e4m3)
   float out_scale;   // multiplies the output: ckv_scale for fp8_e4m3, else 1

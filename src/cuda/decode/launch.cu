@@ -133,6 +133,8 @@ void cuda_run(PlanState& plan, const RunArgs& args) {
                          ? static_cast<const std::int32_t*>(args.sparse_indices.data)
                          : b.sparse;
   p.topk = plan.topk;
+  p.entries_before_wait =
+      plan.topk > 0 ? !args.sparse_indices.defined() : !plan.borrowed_kv_indices.defined();
   p.num_heads = plan.num_heads;
   p.page_shift = 0;
   while ((1 << p.page_shift) < plan.page_size) ++p.page_shift;

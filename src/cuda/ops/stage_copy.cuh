@@ -52,17 +52,21 @@ struct PageRunCopier {
     const int j = first(blk);
     return j < kv_end ? p.kv_indices[kv_base + (j >> p.page_shift)] : 0;
   }
-  // Before the kernel reads anything the kernel before it may write: the first two blocks'
-  // entries (copier lanes), the stages' mbarriers (full: np arrivals, one a page run; released:
-  // kWarps, lane 0 of each warp), then begin_after_previous_kernel.
+  // The stages' mbarriers (full: np arrivals, one a page run; released: kWarps, lane 0 of each
+  // warp), begin_after_previous_kernel, and the first two blocks' entries (copier lanes): before
+  // the wait where they are the plan's own (DecodeParams::entries_before_wait), else after it.
   __device__ void start(const DecodeParams& p, std::uint8_t* full, std::uint8_t* released,
                         std::int32_t& entry0, std::int32_t& entry1) const {
-    if (copier) {
-      entry0 = entry(p, 0);
-      entry1 = entry(p, 1);
-    }
+    const auto first_entries = [&] {
+      if (copier) {
+        entry0 = entry(p, 0);
+        entry1 = entry(p, 1);
+      }
+    };
+    if (p.entries_before_wait) first_entries();
     if (threadIdx.x == 0) init_stage_barriers(full, np, released, kWarps);
     begin_after_previous_kernel();
+    if (!p.entries_before_wait) first_entries();
   }
   // A warp's reads of the stage whose `released` mbarrier this is are done: lane 0 arrives for
   // the warp (one copier thread writes the stage).
@@ -140,11 +144,20 @@ struct TokenProducer {
                              std::uint8_t* released, std::uint8_t* flags = nullptr) {
     const int tok = kProducerLanes * pwarp + lane;
     const bool copier = lane < kProducerLanes;
-    std::int32_t e0 = copier ? entry(p, tile, 0, tok) : 0;
-    std::int32_t e1 = copier ? entry(p, tile, 1, tok) : 0;
+    // Blocks 0 and 1's entries: before the wait where they are the plan's own
+    // (DecodeParams::entries_before_wait), else after it.
+    std::int32_t e0 = 0, e1 = 0;
+    const auto first_entries = [&] {
+      if (copier) {
+        e0 = entry(p, tile, 0, tok);
+        e1 = entry(p, tile, 1, tok);
+      }
+    };
+    if (p.entries_before_wait) first_entries();
     if (pwarp == 0 && lane == 0) init_stage_barriers<kStages>(full, kBlockN, released, kReleasers);
     bar_sync_aligned<2, 32 * kProducerWarps>();  // the mbarriers, before any producer uses them
     begin_after_previous_kernel();
+    if (!p.entries_before_wait) first_entries();
     const auto issue = [&](int blk) {
       if (copier) {
         const int stage = blk % kStages;

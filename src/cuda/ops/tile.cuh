@@ -53,8 +53,9 @@ __device__ __forceinline__ bool load_tile(const DecodeParams& p, DeviceTile& d) 
 
 // The decode grid is a programmatic dependent of the kernel before it in the stream (cuda_run),
 // so its launch and set-up overlap that kernel's end. Before this call a kernel reads only the
-// plan's buffers (tiles, page table), which only the host writes (plan, replan: synchronous
-// copies); q, the cache, sparse indices and every write come after it. The split merge is then
+// plan's buffers (tiles; the page table or sparse list when DecodeParams::entries_before_wait),
+// which only the host writes (plan, replan: copies); q, the cache, a caller's page table or
+// sparse indices and every write come after it. The split merge is then
 // let launch: not before the wait, or the chain of calls would run ahead (merge, then the next
 // decode) and place a decode's CTAs beside the running one's.
 __device__ __forceinline__ void begin_after_previous_kernel() {

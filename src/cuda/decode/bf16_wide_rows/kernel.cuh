@@ -166,13 +166,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* sums = reinterpret_cast<float*>(smem + L::kSums);
   const std::uint8_t* ones = smem + L::kOnes;
   // Copies: warpgroup 0's thread 0 issues panels 0-3 of both tiles, warpgroup 1's panels 4-8;
-  // each holds the entries of the blocks its next copies fetch (e[u]: tile u's next block).
+  // each holds the entries of the blocks its next copies fetch (e[u]: tile u's next block),
+  // the first two read before the wait where they are the plan's own
+  // (DecodeParams::entries_before_wait), else after it.
   const bool issuer = threadIdx.x % 128 == 0;
   std::int32_t e[2] = {};
-  if (issuer) {
-    e[0] = block_entry(p, tile, 0);
-    e[1] = block_entry(p, tile, 1);
-  }
+  const auto first_entries = [&] {
+    if (issuer) {
+      e[0] = block_entry(p, tile, 0);
+      e[1] = block_entry(p, tile, 1);
+    }
+  };
+  if (p.entries_before_wait) first_entries();
 
   if (threadIdx.x == 0) {
     for (int i = 0; i < 18; ++i) mbar_init(bars + 8 * i, 1);
@@ -184,6 +189,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     reinterpret_cast<std::uint32_t*>(smem + L::kOnes)[threadIdx.x] = 0x01010101u;
   __syncthreads();
   ops::begin_after_previous_kernel();
+  if (!p.entries_before_wait) first_entries();
   // Block blk into tile u (= blk % 2, a constant: e[] stays in registers), this issuer's panels.
   auto issue = [&](int blk, auto u_const, auto half) {
     constexpr int u = decltype(u_const)::value;
