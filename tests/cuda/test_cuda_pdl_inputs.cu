@@ -38,16 +38,11 @@ struct LateCase {
 };
 
 void check_written_late(const LateCase& k) {
-  test::ProblemSpec s;
-  s.format = k.format;
-  s.num_heads = k.heads;
-  s.page_size = k.page_size;
-  s.batch = 3;
-  s.kv_len_min = 200;
-  s.kv_len_max = 1500;
-  s.topk = k.topk;
-  s.spare_pages = 40;  // NaN pages for the stale table to point at
-  s.seed = 4100 + static_cast<std::uint64_t>(k.heads * 7 + k.page_size + k.topk);
+  const test::ProblemSpec s{
+      .batch = 3, .num_heads = k.heads, .page_size = k.page_size, .format = k.format,
+      .kv_len_min = 200, .kv_len_max = 1500, .topk = k.topk,
+      .spare_pages = 40,  // NaN pages for the stale table to point at
+      .seed = 4100 + static_cast<std::uint64_t>(k.heads * 7 + k.page_size + k.topk)};
   test::RandomCase c = test::make_case(s);
   const bool sparse = k.topk > 0;
   const std::string what = test::describe(s) + (sparse ? " (sparse indices written late)"
