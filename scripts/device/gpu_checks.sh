@@ -3,10 +3,13 @@
 # out of time loses only the last ones). Records are packed into $OUT/records.tgz (a call brings
 # back at most 8 files).
 #
-# Steps (default: all, in the order of the list below but for stress, which runs after memcheck):
+# Steps (default: all, in the order of the list below but for stress, which runs after racecheck):
 #   tests               the GPU suite as the dispatch table chooses, then the block format's tests
 #                       on shared_tile and on wide_rows (<= 16 rows served when forced)
 #   memcheck            compute-sanitizer memcheck over the bad-input, sparse and large-pool tests
+#   racecheck           compute-sanitizer racecheck over the sparse grid's 8- and 64-head rows (both
+#                       formats: fp8_gather and wide_rows as the table chooses), the sparse decode
+#                       tests and the late-written inputs (CudaPdlInputs)
 #   portable            the suite with the portable family forced (FP8MLA_KERNEL_FAMILY), with its
 #                       fp8 products forced, and with one cp.async stage as on 99-KB GPUs
 #   sparse              fp8mla bench --sparse: the sparse top-k grid (SPARSE_ARGS, e.g. --quick)
@@ -39,7 +42,7 @@ bin=${BIN:-.device_carry/bin}
 export LD_LIBRARY_PATH=$PWD/$bin:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 t=$bin/fp8mla_tests
 f=$bin/fp8mla
-steps=${STEPS:-tests memcheck stress portable sparse bench python port sglang step peers traces sanitize_portable}
+steps=${STEPS:-tests memcheck racecheck stress portable sparse bench python port sglang step peers traces sanitize_portable}
 left() { echo $((${LIMIT:-580} - SECONDS)); }
 section() { echo "== $* ($(left) s left)"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
@@ -90,6 +93,9 @@ for step in $steps; do
     memcheck)
       section "memcheck: bad input, sparse, large pool"
       sanitize memcheck 'CudaHostile*:*CudaSparse*:CudaDecodeSparse*' ;;
+    racecheck)
+      section "racecheck: the sparse rows of 8 and 64 heads, late-written inputs"
+      sanitize racecheck '*CudaSparseGrid*h8_qo1*:*CudaSparseGrid*h64_qo1*:CudaDecodeSparse*:CudaPdlInputs*' ;;
     portable)
       suite portable FP8MLA_KERNEL_FAMILY=portable
       suite portable_fp8 FP8MLA_KERNEL_FAMILY=portable_fp8
@@ -168,7 +174,7 @@ for step in $steps; do
         done
       done
       rm -f "$out/stress.txt" ;;
-    *) echo "unknown step '$step' (steps: tests memcheck portable sparse bench python port sglang step peers traces sanitize_portable stress)"; exit 2 ;;
+    *) echo "unknown step '$step' (steps: tests memcheck racecheck portable sparse bench python port sglang step peers traces sanitize_portable stress)"; exit 2 ;;
   esac
 done
 # Only what this call wrote (a name tar cannot find fails the whole pack).
