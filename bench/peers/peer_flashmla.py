@@ -25,8 +25,9 @@ all before the CUDA-graph capture.
 
 import os
 
+import peers_cases as pc
+
 PAGE = 64  # FlashMLA's sparse FP8 decode: "Currently page_block_size must be 64"
-BLOCK_TOKEN_BYTES = 656
 
 
 def load():
@@ -71,14 +72,13 @@ class FlashmlaPeer:
             raise NotImplementedError(
                 "dense cases: this FlashMLA's dense decode takes a bf16 cache (the query's "
                 "dtype); its FP8 656-byte cache is read by the sparse kernel only")
-        if inputs.block_pool is None:
-            raise ValueError("no block pool in these inputs (CaseInputs(block_pool=...))")
+        block_pool = inputs.require_block_pool()
         torch = inputs.torch
-        tokens = inputs.block_pool.shape[0]
+        tokens = block_pool.shape[0]
         if tokens % PAGE:
             raise ValueError(f"block pool of {tokens} tokens is not a whole number of "
                              f"{PAGE}-token pages")
-        k_cache = inputs.block_pool.view(tokens // PAGE, PAGE, 1, BLOCK_TOKEN_BYTES)
+        k_cache = block_pool.view(tokens // PAGE, PAGE, 1, pc.BLOCK_TOKEN_BYTES)
         bs, heads = c.bs, c.heads
         hp = padded_heads(heads)
         if hp == heads:
@@ -93,38 +93,37 @@ class FlashmlaPeer:
                              device=inputs.device)
             self._padded_out, self.note = out, f"padded to {hp} heads"
         metas = [self.flashmla.get_mla_metadata()[0] for _ in inputs.rows_dev]
-        k_cache = self._cache_dtype(k_cache, q, metas[0], inputs.rows_dev[0].view(bs, 1, c.ctx),
-                                    inputs.sm_scale, out)
+
+        def call(cache, meta, indices):  # vLLM's FLASHMLA_SPARSE decode call
+            self.flashmla.flash_mla_with_kvcache(
+                q, cache, None, None, 512, meta, None, softmax_scale=inputs.sm_scale,
+                is_fp8_kvcache=True, indices=indices, out=out)
+
+        k_cache = self._cache_dtype(call, k_cache, metas[0],
+                                    inputs.rows_dev[0].view(bs, 1, c.ctx))
         runs = []
         for rows, meta in zip(inputs.rows_dev, metas):
-            indices = rows.view(bs, 1, c.ctx)
 
-            def run(meta=meta, indices=indices):
-                self.flashmla.flash_mla_with_kvcache(
-                    q, k_cache, None, None, 512, meta, None, softmax_scale=inputs.sm_scale,
-                    is_fp8_kvcache=True, indices=indices, out=out)
+            def run(meta=meta, indices=rows.view(bs, 1, c.ctx)):
+                call(k_cache, meta, indices)
 
             runs.append(run)
         return runs
 
-    def _cache_dtype(self, k_cache, q, meta, indices, sm_scale, out):
+    @staticmethod
+    def _cache_dtype(call, k_cache, meta, indices):
         """The cache as the kernel takes it: FlashMLA's quantizer stores the 656-byte tokens as
-        uint8, some callers view them as float8_e4m3fn; one trial call (which also fills the
-        first call's metadata) picks the one this build accepts."""
+        uint8, some callers view them as float8_e4m3fn; one trial call(cache, meta, indices)
+        (which also fills the first call's metadata) picks the one this build accepts."""
         import torch
 
         try:
-            self.flashmla.flash_mla_with_kvcache(q, k_cache, None, None, 512, meta, None,
-                                                 softmax_scale=sm_scale, is_fp8_kvcache=True,
-                                                 indices=indices, out=out)
+            call(k_cache, meta, indices)
             return k_cache
         except (RuntimeError, AssertionError) as first:
             view = k_cache.view(torch.float8_e4m3fn)
             try:
-                self.flashmla.flash_mla_with_kvcache(q, view, None, None, 512, meta, None,
-                                                     softmax_scale=sm_scale,
-                                                     is_fp8_kvcache=True, indices=indices,
-                                                     out=out)
+                call(view, meta, indices)
             except (RuntimeError, AssertionError):
                 raise first from None
             return view

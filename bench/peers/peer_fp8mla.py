@@ -97,8 +97,7 @@ class Fp8mlaBlockPeer(Fp8mlaPeer):
     kv_format = "fp8_e4m3_block"
 
     def prepare(self, inputs):
-        if inputs.block is None:
-            raise ValueError("no block pool in these inputs (CaseInputs(block_pool=...))")
+        inputs.require_block_pool()
         return super().prepare(inputs)
 
     def _wrapper_format(self):

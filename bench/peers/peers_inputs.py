@@ -146,6 +146,13 @@ class CaseInputs:
         self.bytes_per_call = pc.bytes_read(case, valid)
         self.block_bytes_per_call = pc.bytes_read(case, valid, pc.BLOCK_TOKEN_BYTES)
 
+    def require_block_pool(self):
+        """The block pool, or ValueError when these inputs were made without one."""
+        if self.block_pool is None:
+            raise ValueError("no block pool in these inputs (CaseInputs(block_pool=...), "
+                             "make_block_pool's pool)")
+        return self.block_pool
+
     def bytes_for(self, pool="fp8"):
         """Cache bytes a call lists in the pool a peer reads ("fp8" or "block")."""
         return self.block_bytes_per_call if pool == "block" else self.bytes_per_call
@@ -167,8 +174,8 @@ class CaseInputs:
         torch = self.torch
         if pool not in ("fp8", "block"):
             raise ValueError(f"pool: expected 'fp8' or 'block', got {pool!r}")
-        if pool == "block" and self.block_pool is None:
-            raise ValueError("no block pool: make_block_pool's pool is passed as block_pool")
+        if pool == "block":
+            self.require_block_pool()
         outs, lses = [], []
         for r in requests:
             tok = torch.from_numpy(self.request_tokens(r)).to(self.device)
