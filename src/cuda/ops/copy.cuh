@@ -132,6 +132,19 @@ __device__ __forceinline__ std::int32_t token_entry_of(const DecodeParams& p, co
                    : p.kv_indices[kv_base + (j >> p.page_shift)];
   return e;
 }
+// token_entry_of's line fetched into L2 only (prefetch_l2): issued before the programmatic wait
+// where the entries are the caller's, so that their load after the wait is an L2 hit. A
+// prefetch returns nothing to the thread and the previous kernel's writes land in L2, so the
+// load still sees them.
+template <int kBlock>
+__device__ __forceinline__ void prefetch_token_entry(const DecodeParams& p, const WorkTile& t,
+                                                     int q_token, std::int32_t kv_base, int blk,
+                                                     int tok) {
+  const int j = t.kv_begin + blk * kBlock + tok;
+  if (j < t.kv_end)
+    prefetch_l2(p.topk > 0 ? p.sparse_indices + static_cast<std::int64_t>(q_token) * p.topk + j
+                           : p.kv_indices + kv_base + (j >> p.page_shift));
+}
 // Pool slot (page * page_size + offset) of token `tok` of block `blk`, or -1 when it is past the
 // tile or skipped. An entry outside the pool is skipped too: plan() checks the page ids it
 // copies, but a borrowed page table (Problem::borrowed_kv_indices) is read as the caller left

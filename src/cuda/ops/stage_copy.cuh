@@ -145,7 +145,8 @@ struct TokenProducer {
     const int tok = kProducerLanes * pwarp + lane;
     const bool copier = lane < kProducerLanes;
     // Blocks 0 and 1's entries: before the wait where they are the plan's own
-    // (DecodeParams::entries_before_wait), else after it.
+    // (DecodeParams::entries_before_wait), else after it, their lines prefetched into L2 before
+    // it (0.2 us of a bs-1 sparse call on the H100).
     std::int32_t e0 = 0, e1 = 0;
     const auto first_entries = [&] {
       if (copier) {
@@ -153,7 +154,12 @@ struct TokenProducer {
         e1 = entry(p, tile, 1, tok);
       }
     };
-    if (p.entries_before_wait) first_entries();
+    if (p.entries_before_wait) {
+      first_entries();
+    } else if (copier) {
+      prefetch_token_entry<kBlockN>(p, tile.tile, tile.q_first, tile.kv_base, 0, tok);
+      prefetch_token_entry<kBlockN>(p, tile.tile, tile.q_first, tile.kv_base, 1, tok);
+    }
     if (pwarp == 0 && lane == 0) init_stage_barriers<kStages>(full, kBlockN, released, kReleasers);
     bar_sync_aligned<2, 32 * kProducerWarps>();  // the mbarriers, before any producer uses them
     begin_after_previous_kernel();
