@@ -55,7 +55,8 @@ __device__ __forceinline__ bool load_tile(const DecodeParams& p, DeviceTile& d) 
 // so its launch and set-up overlap that kernel's end. Before this call a kernel reads only the
 // plan's buffers (tiles; the page table or sparse list when DecodeParams::entries_before_wait),
 // which only the host writes (plan, replan: copies); q, the cache, a caller's page table or
-// sparse indices and every write come after it. The split merge is then
+// sparse indices (whose lines may be prefetched into L2 before it: prefetch_token_entry) and
+// every write come after it. The split merge is then
 // let launch: not before the wait, or the chain of calls would run ahead (merge, then the next
 // decode) and place a decode's CTAs beside the running one's.
 __device__ __forceinline__ void begin_after_previous_kernel() {
