@@ -6,7 +6,7 @@
 # Steps (default: all, in the order of the list below but for stress, which runs after racecheck):
 #   tests               the GPU suite as the dispatch table chooses, then the block format's tests
 #                       on shared_tile and on wide_rows (<= 16 rows served when forced)
-#   memcheck            compute-sanitizer memcheck over the bad-input, sparse and large-pool tests
+#   memcheck            compute-sanitizer memcheck over the bad-input, sparse, large-pool and PDL-input tests
 #   racecheck           compute-sanitizer racecheck over the sparse grid's 8- and 64-head rows (both
 #                       formats: fp8_gather and wide_rows as the table chooses), the sparse decode
 #                       tests and the late-written inputs (CudaPdlInputs)
@@ -91,8 +91,8 @@ for step in $steps; do
       FILTER='*fp8_e4m3_block*' suite block_shared_tile FP8MLA_KERNEL_FAMILY=shared_tile
       FILTER='*fp8_e4m3_block*' suite block_wide_rows FP8MLA_KERNEL_FAMILY=wide_rows ;;
     memcheck)
-      section "memcheck: bad input, sparse, large pool"
-      sanitize memcheck 'CudaHostile*:*CudaSparse*:CudaDecodeSparse*' ;;
+      section "memcheck: bad input, sparse, large pool, late-written inputs"
+      sanitize memcheck 'CudaHostile*:*CudaSparse*:CudaDecodeSparse*:CudaPdlInputs*' ;;
     racecheck)
       section "racecheck: the sparse rows of 8 and 64 heads, late-written inputs"
       sanitize racecheck '*CudaSparseGrid*h8_qo1*:*CudaSparseGrid*h64_qo1*:CudaDecodeSparse*:CudaPdlInputs*' ;;
