@@ -3,7 +3,9 @@
 // by the conversion instruction. This test runs both on the device at hand for every pair of
 // codes and requires the shift form times 2^8 to equal the instruction bit for bit (NaN for NaN),
 // so the kernels compiled for sm_80 / sm_86 compute what the tested ones compute. And
-// portable_f16_exact's split of fp16 values into two bf16 terms, for every fp16 value.
+// portable_f16_exact's split of fp16 values into two bf16 terms, for every fp16 value. And the
+// Q row exponent the fp16 and e4m3 Q forms share (ops::q_row_exponent, from the float's bits)
+// against frexpf and ldexpf, for every float.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <gtest/gtest.h>
@@ -109,6 +111,49 @@ TEST(CudaPortable, F16SplitsIntoTwoBf16TermsExactly) {
     }
   }
   EXPECT_EQ(finite, 2 * 63488);  // every fp16 but the 2 infinities and 2046 NaNs
+}
+
+// The plain form of ops::q_row_exponent: max |q| * 2^e in [2^14, 2^15), clamped to [-120, 120];
+// 0 for zero, inf, NaN and negative values.
+__device__ int q_row_exponent_frexp(float amax) {
+  int e = 0;
+  if (amax > 0.0f && amax <= FLT_MAX) {
+    frexpf(amax, &e);
+    e = min(max(15 - e, -120), 120);
+  }
+  return e;
+}
+
+// Every float's bits: the exponent against the plain form, and the scales wide_rows takes from
+// it (2^e, 2^-e and a ratio times 2^e) against ldexpf. bad[0]: mismatches; bad[1]: the first
+// mismatching bits seen.
+__global__ void row_exponents(float ratio, unsigned long long* bad) {
+  const std::uint64_t stride = std::uint64_t{gridDim.x} * blockDim.x;
+  for (std::uint64_t i = std::uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < (1ull << 32);
+       i += stride) {
+    const float x = __uint_as_float(static_cast<std::uint32_t>(i));
+    const int e = detail::ops::q_row_exponent(x);
+    const bool ok = e == q_row_exponent_frexp(x) && detail::ops::exp2i(e) == ldexpf(1.0f, e) &&
+                    detail::ops::exp2i(-e) == ldexpf(1.0f, -e) &&
+                    ratio * detail::ops::exp2i(e) == ldexpf(ratio, e);
+    if (!ok && atomicAdd(bad, 1ull) == 0) bad[1] = i;
+  }
+}
+
+TEST(CudaOps, QRowExponentMatchesFrexpForEveryFloat) {
+  SKIP_WITHOUT_GPU();
+  // Ratios (kpe_scale / ckv_scale) whose products with 2^e reach fp32's subnormals and its
+  // largest values, where one rounding must match ldexpf's.
+  for (const float ratio : {1.0f, 0.3f, 3.0e-30f, 7.0e30f}) {
+    DeviceBuffer bad(2 * sizeof(unsigned long long));
+    check_cuda(cudaMemset(bad.ptr, 0, 2 * sizeof(unsigned long long)));
+    row_exponents<<<1056, 256>>>(ratio, static_cast<unsigned long long*>(bad.ptr));
+    check_cuda(cudaGetLastError());
+    check_cuda(cudaDeviceSynchronize());
+    const std::vector<unsigned long long> b = bad.to_host<unsigned long long>();
+    EXPECT_EQ(b[0], 0u) << "ratio " << ratio << ": first mismatch at float bits 0x" << std::hex
+                        << b[1];
+  }
 }
 
 }  // namespace

@@ -110,15 +110,18 @@ __device__ __forceinline__ std::uint32_t abs_max_bits(uint4 v) {
 
 // fp16 tiles scale q row r by 2^e with max|q_r| * 2^e in [2^14, 2^15): exact for every bf16 value
 // above 2^-29 of the row maximum (smaller ones round at 2^-25 of it); 2^-e is undone on the
-// scores. Rows of zeros, inf or NaN keep e = 0.
+// scores. Rows of zeros, inf or NaN keep e = 0. From amax's exponent field alone (e in [-113,
+// 120]), so wide_rows can take it for each of a thread's 18 Q chunks: frexpf's branches and
+// ldexpf's were ~35 instructions a chunk there.
 __device__ __forceinline__ int q_row_exponent(float amax) {
-  int e = 0;
-  if (amax > 0.0f && amax <= FLT_MAX) {
-    frexpf(amax, &e);  // amax in [2^(e-1), 2^e)
-    e = min(max(15 - e, -120), 120);
-  }
-  return e;
+  const std::uint32_t b = __float_as_uint(amax);
+  const int biased = static_cast<int>(b >> 23);  // > 255 when negative
+  if (b == 0 || biased >= 255) return 0;       // zero, inf, NaN (or a negative value)
+  return min(141 - biased, 120);  // normal: amax in [2^(biased-127), 2^(biased-126)); subnormal: 120
 }
+
+// 2^e as a float, for e in [-126, 127].
+__device__ __forceinline__ float exp2i(int e) { return __int_as_float((127 + e) << 23); }
 
 // Two bf16 values times `scale` as an f16x2 word.
 __device__ __forceinline__ std::uint32_t scale_to_half2(std::uint32_t bf16x2, float scale) {

@@ -235,8 +235,8 @@ __device__ __forceinline__ void load_q_panels(const DecodeParams& p, const WorkT
     for (int k = 0; k < kPer; ++k) {  // the chunks this thread stored itself
       const int i = static_cast<int>(threadIdx.x) + k * rows64::kThreads, r = i / 72, c = i % 72;
       const int e = q_row_exponent(__uint_as_float(amax[r]));
-      const float scale = c < 64 ? ldexpf(1.0f, e) : ldexpf(ratio, e);
-      if (c == 0) inv[r] = ldexpf(1.0f, -e);
+      const float scale = c < 64 ? exp2i(e) : ratio * exp2i(e);  // one rounding, as ldexpf
+      if (c == 0) inv[r] = exp2i(-e);
       const uint4 v = *chunk_at(r, c);
       *chunk_at(r, c) = make_uint4(scale_to_half2(v.x, scale), scale_to_half2(v.y, scale),
                                    scale_to_half2(v.z, scale), scale_to_half2(v.w, scale));
