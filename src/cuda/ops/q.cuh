@@ -246,6 +246,83 @@ __device__ __forceinline__ void load_q_panels(const DecodeParams& p, const WorkT
   named_barrier_sync(rows64::kConsumerBarrier, rows64::kThreads);
 }
 
+// The same panels, every chunk by cp.async (all 18 of a thread in flight, no registers held), then
+// for fp8 caches or fp16 queries one pass by row owners: thread (warp w, lane l) owns row
+// 8 w + l % 8 and chunks l / 8 + 4 m (m = 0..17), so the 8 lanes of a part read 8 rows of one
+// panel column (conflict-free) and a row's four owners meet by two shuffles, with no shared
+// scratch or atomics. Ends with a barrier of the consumer threads.
+template <class L, bool kHalfIo>
+__device__ __forceinline__ void load_q_panels_async(const DecodeParams& p, const WorkTile& t,
+                                                    int q_first, float ratio, std::uint8_t* smem) {
+  const int rows = t.q_count * t.head_count;
+  float* inv = reinterpret_cast<float*>(smem + L::kQInv);
+  auto chunk_at = [&](int r, int c) {
+    return smem + L::kQ + (c / 8) * rows64::kQPanel + sw128(r, 16 * (c % 8));
+  };
+  constexpr int kPer = rows64::kRows * 72 / rows64::kThreads;
+#pragma unroll 1
+  for (int k = 0; k < kPer; ++k) {
+    const int i = static_cast<int>(threadIdx.x) + k * rows64::kThreads, r = i / 72, c = i % 72;
+    const bool live = r < rows;
+    const int rr = live ? r : 0;
+    const std::int64_t tok = q_first + rr / t.head_count, h = t.head_begin + rr % t.head_count;
+    const __nv_bfloat16* src =
+        c < 64 ? p.q_nope + tok * p.q_nope_stride[0] + h * p.q_nope_stride[1] + 8 * c
+               : p.q_pe + tok * p.q_pe_stride[0] + h * p.q_pe_stride[1] + 8 * (c - 64);
+    cp_async_16(chunk_at(r, c), src, live);  // rows past the tile: zeros
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  const bool f16 = kHalfIo && p.q_f16;
+  if (L::kBf16 && !f16) {
+    if (threadIdx.x < rows64::kRows) inv[threadIdx.x] = 1.0f;
+    fence_proxy_async();  // cp.async writes are generic-proxy; wgmma reads async
+    named_barrier_sync(rows64::kConsumerBarrier, rows64::kThreads);
+    return;
+  }
+  named_barrier_sync(rows64::kConsumerBarrier, rows64::kThreads);  // every chunk in
+  const int r = 8 * (static_cast<int>(threadIdx.x) / 32) + threadIdx.x % 8;
+  const int part = threadIdx.x % 32 / 8;
+  uint4 v[kPer];
+  std::uint32_t mn = 0, mp = 0;  // |q| maxima as float bits (NaN above inf)
+#pragma unroll
+  for (int m = 0; m < kPer; ++m) {
+    const int c = part + 4 * m;
+    v[m] = *reinterpret_cast<const uint4*>(chunk_at(r, c));
+    if (kHalfIo && f16) v[m] = q_as_bf16(v[m], true);
+    if (c < 64) {
+      mn = max(mn, abs_max_bits(v[m]));
+    } else {
+      mp = max(mp, abs_max_bits(v[m]));
+    }
+  }
+  if constexpr (L::kBf16) {
+#pragma unroll
+    for (int m = 0; m < kPer; ++m) *reinterpret_cast<uint4*>(chunk_at(r, part + 4 * m)) = v[m];
+    if (part == 0) inv[r] = 1.0f;
+  } else {
+#pragma unroll
+    for (int x = 8; x <= 16; x *= 2) {
+      mn = max(mn, __shfl_xor_sync(0xffffffffu, mn, x));
+      mp = max(mp, __shfl_xor_sync(0xffffffffu, mp, x));
+    }
+    const int e = q_row_exponent(
+        __uint_as_float(max(mn, __float_as_uint(__uint_as_float(mp) * ratio))));
+    const float s_nope = exp2i(e), s_pe = ratio * exp2i(e);  // one rounding, as ldexpf
+#pragma unroll
+    for (int m = 0; m < kPer; ++m) {
+      const int c = part + 4 * m;
+      const float s = c < 64 ? s_nope : s_pe;
+      *reinterpret_cast<uint4*>(chunk_at(r, c)) =
+          make_uint4(scale_to_half2(v[m].x, s), scale_to_half2(v[m].y, s),
+                     scale_to_half2(v[m].z, s), scale_to_half2(v[m].w, s));
+    }
+    if (part == 0) inv[r] = exp2i(-e);
+  }
+  fence_proxy_async();
+  named_barrier_sync(rows64::kConsumerBarrier, rows64::kThreads);
+}
+
 // The address lane `lane` of warp `warp` gives ldmatrix / stmatrix for k-step kk of a 64 x 64
 // 16-bit panel (128-byte swizzle): row 16 warp + 8 (lane / 8 % 2) + lane % 8, columns 16 kk +
 // 8 (lane / 16), so the four 8x8 matrices are the wgmma A fragment a[0..3] (rows + 8 (j % 2),

@@ -190,7 +190,7 @@ __global__ void __launch_bounds__(kThreads, 1) wide_rows_kernel(const DecodePara
   // P V of output dims [0, 256); warpgroup 1 P V of [256, 512) with P from shared memory ----
   auto consume = [&](auto role) {
     constexpr int kGroup = decltype(role)::value;
-    ops::load_q_panels<L, kHalfIo>(p, t, q_first, p.scale_pe / p.scale_nope,
+    ops::load_q_panels_async<L, kHalfIo>(p, t, q_first, p.scale_pe / p.scale_nope,
                                    smem);  // ends with a barrier
     float o[4][32];
 #pragma unroll
