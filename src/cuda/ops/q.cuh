@@ -1,6 +1,7 @@
 // Q into shared memory or registers, in the forms the families multiply: 16-byte chunks of a
 // row (load_q_chunks); a row's hi and lo e4m3 terms as an fp8 wgmma B operand (store_q_terms);
-// nine 128-byte-swizzled panels of 64 rows, fp16 scaled per row or bf16 (load_q_panels).
+// nine 128-byte-swizzled panels of 64 rows, bf16 (load_q_panels) or fp16 scaled per row or bf16
+// (load_q_panels_async).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -32,8 +33,7 @@ __device__ __forceinline__ void load_q_chunks(const DecodeParams& p, const WorkT
       q_v[i] = *reinterpret_cast<const uint4*>(c < 64 ? nope + 8 * c : pe + 8 * (c - 64));
   }
   // fp16 queries: rounded after the loads, behind a uniform branch, so bf16 plans run none of it
-  // (in wide_rows' Q load, load_q_panels, a select on every chunk cost up to 10% of a 128-head
-  // call).
+  // (in the 64-row Q loaders a select on every chunk cost up to 10% of a 128-head call).
   if (p.q_f16) {
 #pragma unroll
     for (int i = 0; i < 5; ++i) q_v[i] = q_as_bf16(q_v[i], true);
@@ -159,17 +159,20 @@ __device__ __forceinline__ void store_q_terms(const DecodeParams& p, const uint4
 }
 
 // ---- Q panels: the 17-64-row families' A operand ----
-// Q rows into the nine swizzled panels at L::kQ (zero rows past the tile). fp8 caches: fp16,
-// each row scaled by 2^e (q_row_exponent over its nope values and its ratio-scaled rope
-// values), L::kQInv = 2^-e; bf16 caches (L::kBf16): bf16 as given, kQInv = 1. L::kQAmax: 64
-// words of scratch; L::kQGroup: chunks a thread loads at once. Run by the two consumer warpgroups
-// (threads 0-255) alone: their barriers are named barrier 1 (rows64::kConsumerBarrier), and it ends
-// with one. kHalfIo: the kernel's instantiation for plans with fp16 queries or outputs, which
-// reads DecodeParams::q_f16; the other instantiation takes bf16 queries only and holds no fp16
-// code.
+// Q rows into the nine swizzled panels at L::kQ (zero rows past the tile) and L::kQInv, the rows'
+// 1 / q scale. Both loaders are run by the two consumer warpgroups (threads 0-255) alone: their
+// barriers are named barrier 1 (rows64::kConsumerBarrier), and each ends with one. kHalfIo: the
+// kernel's instantiation for plans with fp16 queries or outputs, which reads DecodeParams::q_f16;
+// the other instantiation takes bf16 queries only and holds no fp16 code.
+
+// bf16_wide_rows' loader: bf16 as given (fp16 queries rounded to it), kQInv = 1, a thread's 18
+// chunks in groups of L::kQGroup loaded into registers, each group's loads issued before its
+// stores: a store between two loads (generic pointers, which may alias for all the compiler
+// knows) kept every load behind the previous store, one memory round trip a chunk.
 template <class L, bool kHalfIo>
 __device__ __forceinline__ void load_q_panels(const DecodeParams& p, const WorkTile& t, int q_first,
-                                              float ratio, std::uint8_t* smem) {
+                                              std::uint8_t* smem) {
+  static_assert(L::kBf16, "bf16 Q as given");
   const int rows = t.q_count * t.head_count;
   // 8 bf16 values of row r, chunk c of 72; kF16: fp16 queries, rounded to bf16 (q_as_bf16). The
   // load loop below is made once for each dtype the instantiation serves.
@@ -182,24 +185,15 @@ __device__ __forceinline__ void load_q_panels(const DecodeParams& p, const WorkT
     const uint4 v = *reinterpret_cast<const uint4*>(src);
     return kF16 ? q_as_bf16(v, true) : v;
   };
-  std::uint32_t* amax = reinterpret_cast<std::uint32_t*>(smem + L::kQAmax);
   float* inv = reinterpret_cast<float*>(smem + L::kQInv);
   auto chunk_at = [&](int r, int c) {
     return reinterpret_cast<uint4*>(smem + L::kQ + (c / 8) * rows64::kQPanel +
                                     sw128(r, 16 * (c % 8)));
   };
-  // A thread's 18 chunks in groups of L::kQGroup, each group's loads issued before its stores: a
-  // store between two loads (generic pointers, which may alias for all the compiler knows) kept
-  // every load behind the previous store, one memory round trip a chunk. wide_rows loads 6 at a
-  // time: all 18 in flight delay its producer's first block.
   constexpr int kPer = rows64::kRows * 72 / rows64::kThreads;
   constexpr int kGroup = L::kQGroup;
   static_assert(kPer * rows64::kThreads == rows64::kRows * 72 && kPer % kGroup == 0,
                 "whole chunks a thread");
-  if constexpr (!L::kBf16) {
-    if (threadIdx.x < rows64::kRows) amax[threadIdx.x] = 0;
-    named_barrier_sync(rows64::kConsumerBarrier, rows64::kThreads);
-  }
   auto load = [&]<bool kF16>() {
 #pragma unroll 1
     for (int k0 = 0; k0 < kPer; k0 += kGroup) {
@@ -213,14 +207,8 @@ __device__ __forceinline__ void load_q_panels(const DecodeParams& p, const WorkT
       for (int k = 0; k < kGroup; ++k) {
         const int i = static_cast<int>(threadIdx.x) + (k0 + k) * rows64::kThreads, r = i / 72,
                   c = i % 72;
-        if constexpr (L::kBf16) {
-          if (c == 0) inv[r] = 1.0f;
-        } else if (r < rows) {
-          float m = __uint_as_float(abs_max_bits(v[k]));
-          if (c >= 64) m *= ratio;
-          atomicMax(&amax[r], __float_as_uint(m));  // non-negative floats order as their bits
-        }
-        *chunk_at(r, c) = v[k];  // fp8: bf16 as given, scaled in place below
+        if (c == 0) inv[r] = 1.0f;
+        *chunk_at(r, c) = v[k];
       }
     }
   };
@@ -229,28 +217,17 @@ __device__ __forceinline__ void load_q_panels(const DecodeParams& p, const WorkT
   } else {
     load.template operator()<false>();
   }
-  if constexpr (!L::kBf16) {
-    named_barrier_sync(rows64::kConsumerBarrier, rows64::kThreads);  // every row's max
-#pragma unroll 6
-    for (int k = 0; k < kPer; ++k) {  // the chunks this thread stored itself
-      const int i = static_cast<int>(threadIdx.x) + k * rows64::kThreads, r = i / 72, c = i % 72;
-      const int e = q_row_exponent(__uint_as_float(amax[r]));
-      const float scale = c < 64 ? exp2i(e) : ratio * exp2i(e);  // one rounding, as ldexpf
-      if (c == 0) inv[r] = exp2i(-e);
-      const uint4 v = *chunk_at(r, c);
-      *chunk_at(r, c) = make_uint4(scale_to_half2(v.x, scale), scale_to_half2(v.y, scale),
-                                   scale_to_half2(v.z, scale), scale_to_half2(v.w, scale));
-    }
-  }
   fence_proxy_async();
   named_barrier_sync(rows64::kConsumerBarrier, rows64::kThreads);
 }
 
-// The same panels, every chunk by cp.async (all 18 of a thread in flight, no registers held), then
-// for fp8 caches or fp16 queries one pass by row owners: thread (warp w, lane l) owns row
-// 8 w + l % 8 and chunks l / 8 + 4 m (m = 0..17), so the 8 lanes of a part read 8 rows of one
-// panel column (conflict-free) and a row's four owners meet by two shuffles, with no shared
-// scratch or atomics. Ends with a barrier of the consumer threads.
+// wide_rows' loader: fp8 caches take fp16, each row scaled by 2^e (q_row_exponent over its nope
+// values and its ratio-scaled rope values), kQInv = 2^-e; bf16 caches (L::kBf16) bf16 as given,
+// kQInv = 1. Every chunk comes by cp.async, all 18 of a thread in flight with no register holding
+// them; then, for fp8 caches or fp16 queries, one pass by row owners: thread (warp w, lane l)
+// owns row 8 w + l % 8 and chunks l / 8 + 4 m (m = 0..17), so the 8 lanes of a part read 8 rows
+// of one panel column (conflict-free) and a row's four owners meet by two shuffles, with no
+// shared scratch or atomics.
 template <class L, bool kHalfIo>
 __device__ __forceinline__ void load_q_panels_async(const DecodeParams& p, const WorkTile& t,
                                                     int q_first, float ratio, std::uint8_t* smem) {
@@ -306,8 +283,8 @@ __device__ __forceinline__ void load_q_panels_async(const DecodeParams& p, const
       mn = max(mn, __shfl_xor_sync(0xffffffffu, mn, x));
       mp = max(mp, __shfl_xor_sync(0xffffffffu, mp, x));
     }
-    const int e = q_row_exponent(
-        __uint_as_float(max(mn, __float_as_uint(__uint_as_float(mp) * ratio))));
+    const int e =
+        q_row_exponent(__uint_as_float(max(mn, __float_as_uint(__uint_as_float(mp) * ratio))));
     const float s_nope = exp2i(e), s_pe = ratio * exp2i(e);  // one rounding, as ldexpf
 #pragma unroll
     for (int m = 0; m < kPer; ++m) {

@@ -210,7 +210,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       run(kRight);
     }
   }
-  ops::load_q_panels<L, kHalfIo>(p, t, tile.q_first, 1.0f,
+  ops::load_q_panels<L, kHalfIo>(p, t, tile.q_first,
                                  smem);  // ends with a barrier of both warpgroups
   // Q's rope panel into registers (S's panel 8 takes A from them); warpgroup 1 writes P1 there
   // only after warpgroup 0's first kScale0Ready, which follows these loads.
