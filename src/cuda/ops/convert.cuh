@@ -110,9 +110,8 @@ __device__ __forceinline__ std::uint32_t abs_max_bits(uint4 v) {
 
 // fp16 tiles scale q row r by 2^e with max|q_r| * 2^e in [2^14, 2^15): exact for every bf16 value
 // above 2^-29 of the row maximum (smaller ones round at 2^-25 of it); 2^-e is undone on the
-// scores. Rows of zeros, inf or NaN keep e = 0. From amax's exponent field alone (e in [-113,
-// 120]), so wide_rows can take it for each of a thread's 18 Q chunks: frexpf's branches and
-// ldexpf's were ~35 instructions a chunk there.
+// scores. Rows of zeros, inf or NaN keep e = 0. Taken from amax's exponent field alone (e in
+// [-113, 120]), without frexpf's branches.
 __device__ __forceinline__ int q_row_exponent(float amax) {
   const std::uint32_t b = __float_as_uint(amax);
   const int biased = static_cast<int>(b >> 23);  // > 255 when negative
