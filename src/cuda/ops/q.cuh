@@ -88,8 +88,7 @@ __device__ __forceinline__ RowScales e4m3_row_scales(float amax_nope, float amax
       amax_nope > 0.0f ? (amax_pe > 0.0f ? max(en, e_pe) : en) : (amax_pe > 0.0f ? e_pe : 8);
   const int e = min(max(8 - top, -125), 125);
   const int a = min(max(-ep, -126), 126);  // q_pe * 2^a ~ 1, then * r 2^(e - a + es - ek)
-  return {__int_as_float((127 + e) << 23), __int_as_float((127 + a) << 23),
-          ldexpf(r, e - a + es - ek), e};
+  return {exp2i(e), exp2i(a), ldexpf(r, e - a + es - ek), e};
 }
 
 // Byte offset of q column n (0..31), 8-dim chunk c (0..71) in a Q operand at byte kQAt.
@@ -154,7 +153,7 @@ __device__ __forceinline__ void store_q_terms(const DecodeParams& p, const uint4
     *reinterpret_cast<uint2*>(smem + q_offset<kQAt>(q_r, c)) = hi;
     *reinterpret_cast<uint2*>(smem + q_offset<kQAt>(q_r + rows16::kRows, c)) = lo;
   }
-  if (q_part == 0) scale[q_r] = p.scale_nope * __int_as_float((127 - rs.e) << 23);
+  if (q_part == 0) scale[q_r] = p.scale_nope * exp2i(-rs.e);
   fence_proxy_async();  // the generic stores above, read by wgmma (async proxy)
 }
 
@@ -164,6 +163,22 @@ __device__ __forceinline__ void store_q_terms(const DecodeParams& p, const uint4
 // barriers are named barrier 1 (rows64::kConsumerBarrier), and each ends with one. kHalfIo: the
 // kernel's instantiation for plans with fp16 queries or outputs, which reads DecodeParams::q_f16;
 // the other instantiation takes bf16 queries only and holds no fp16 code.
+
+// Tile row r's 16-byte chunk c of 72 in global memory (nope chunks 0..63, rope 64..71).
+__device__ __forceinline__ const __nv_bfloat16* q_chunk_src(const DecodeParams& p,
+                                                            const WorkTile& t, int q_first, int r,
+                                                            int c) {
+  const std::int64_t tok = q_first + r / t.head_count, h = t.head_begin + r % t.head_count;
+  return c < 64 ? p.q_nope + tok * p.q_nope_stride[0] + h * p.q_nope_stride[1] + 8 * c
+                : p.q_pe + tok * p.q_pe_stride[0] + h * p.q_pe_stride[1] + 8 * (c - 64);
+}
+
+// Row r's chunk c in the nine panels at L::kQ.
+template <class L>
+__device__ __forceinline__ uint4* q_panel_chunk(std::uint8_t* smem, int r, int c) {
+  return reinterpret_cast<uint4*>(smem + L::kQ + (c / 8) * rows64::kQPanel +
+                                  sw128(r, 16 * (c % 8)));
+}
 
 // bf16_wide_rows' loader: bf16 as given (fp16 queries rounded to it), kQInv = 1, a thread's 18
 // chunks in groups of L::kQGroup loaded into registers, each group's loads issued before its
@@ -178,18 +193,10 @@ __device__ __forceinline__ void load_q_panels(const DecodeParams& p, const WorkT
   // load loop below is made once for each dtype the instantiation serves.
   auto q_chunk = [&]<bool kF16>(int r, int c) {
     if (r >= rows) return make_uint4(0, 0, 0, 0);
-    const std::int64_t tok = q_first + r / t.head_count, h = t.head_begin + r % t.head_count;
-    const __nv_bfloat16* src =
-        c < 64 ? p.q_nope + tok * p.q_nope_stride[0] + h * p.q_nope_stride[1] + 8 * c
-               : p.q_pe + tok * p.q_pe_stride[0] + h * p.q_pe_stride[1] + 8 * (c - 64);
-    const uint4 v = *reinterpret_cast<const uint4*>(src);
+    const uint4 v = *reinterpret_cast<const uint4*>(q_chunk_src(p, t, q_first, r, c));
     return kF16 ? q_as_bf16(v, true) : v;
   };
   float* inv = reinterpret_cast<float*>(smem + L::kQInv);
-  auto chunk_at = [&](int r, int c) {
-    return reinterpret_cast<uint4*>(smem + L::kQ + (c / 8) * rows64::kQPanel +
-                                    sw128(r, 16 * (c % 8)));
-  };
   constexpr int kPer = rows64::kRows * 72 / rows64::kThreads;
   constexpr int kGroup = L::kQGroup;
   static_assert(kPer * rows64::kThreads == rows64::kRows * 72 && kPer % kGroup == 0,
@@ -208,7 +215,7 @@ __device__ __forceinline__ void load_q_panels(const DecodeParams& p, const WorkT
         const int i = static_cast<int>(threadIdx.x) + (k0 + k) * rows64::kThreads, r = i / 72,
                   c = i % 72;
         if (c == 0) inv[r] = 1.0f;
-        *chunk_at(r, c) = v[k];
+        *q_panel_chunk<L>(smem, r, c) = v[k];
       }
     }
   };
@@ -233,20 +240,12 @@ __device__ __forceinline__ void load_q_panels_async(const DecodeParams& p, const
                                                     int q_first, float ratio, std::uint8_t* smem) {
   const int rows = t.q_count * t.head_count;
   float* inv = reinterpret_cast<float*>(smem + L::kQInv);
-  auto chunk_at = [&](int r, int c) {
-    return smem + L::kQ + (c / 8) * rows64::kQPanel + sw128(r, 16 * (c % 8));
-  };
   constexpr int kPer = rows64::kRows * 72 / rows64::kThreads;
 #pragma unroll 1
   for (int k = 0; k < kPer; ++k) {
     const int i = static_cast<int>(threadIdx.x) + k * rows64::kThreads, r = i / 72, c = i % 72;
-    const bool live = r < rows;
-    const int rr = live ? r : 0;
-    const std::int64_t tok = q_first + rr / t.head_count, h = t.head_begin + rr % t.head_count;
-    const __nv_bfloat16* src =
-        c < 64 ? p.q_nope + tok * p.q_nope_stride[0] + h * p.q_nope_stride[1] + 8 * c
-               : p.q_pe + tok * p.q_pe_stride[0] + h * p.q_pe_stride[1] + 8 * (c - 64);
-    cp_async_16(chunk_at(r, c), src, live);  // rows past the tile: zeros
+    const bool live = r < rows;  // rows past the tile: zeros, from a mapped address
+    cp_async_16(q_panel_chunk<L>(smem, r, c), q_chunk_src(p, t, q_first, live ? r : 0, c), live);
   }
   cp_async_commit();
   cp_async_wait<0>();
@@ -265,8 +264,8 @@ __device__ __forceinline__ void load_q_panels_async(const DecodeParams& p, const
 #pragma unroll
   for (int m = 0; m < kPer; ++m) {
     const int c = part + 4 * m;
-    v[m] = *reinterpret_cast<const uint4*>(chunk_at(r, c));
-    if (kHalfIo && f16) v[m] = q_as_bf16(v[m], true);
+    v[m] = *q_panel_chunk<L>(smem, r, c);
+    if (f16) v[m] = q_as_bf16(v[m], true);
     if (c < 64) {
       mn = max(mn, abs_max_bits(v[m]));
     } else {
@@ -275,7 +274,7 @@ __device__ __forceinline__ void load_q_panels_async(const DecodeParams& p, const
   }
   if constexpr (L::kBf16) {
 #pragma unroll
-    for (int m = 0; m < kPer; ++m) *reinterpret_cast<uint4*>(chunk_at(r, part + 4 * m)) = v[m];
+    for (int m = 0; m < kPer; ++m) *q_panel_chunk<L>(smem, r, part + 4 * m) = v[m];
     if (part == 0) inv[r] = 1.0f;
   } else {
 #pragma unroll
@@ -290,7 +289,7 @@ __device__ __forceinline__ void load_q_panels_async(const DecodeParams& p, const
     for (int m = 0; m < kPer; ++m) {
       const int c = part + 4 * m;
       const float s = c < 64 ? s_nope : s_pe;
-      *reinterpret_cast<uint4*>(chunk_at(r, c)) =
+      *q_panel_chunk<L>(smem, r, c) =
           make_uint4(scale_to_half2(v[m].x, s), scale_to_half2(v[m].y, s),
                      scale_to_half2(v[m].z, s), scale_to_half2(v[m].w, s));
     }

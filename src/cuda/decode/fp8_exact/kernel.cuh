@@ -177,8 +177,8 @@ __global__ void __maxnreg__(ops::kMaxRegsTwoCtas) fp8_exact_kernel(const DecodeP
     const int r = g + 8 * h;
     // Row scale 2^e; 2^-e is undone on the scores.
     const int e = q_exp[r];
-    const float scale = __int_as_float((127 + e) << 23);
-    q_inv[h] = __int_as_float((127 - e) << 23);
+    const float scale = ops::exp2i(e);
+    q_inv[h] = ops::exp2i(-e);
 #pragma unroll
     for (int part = 0; part < 2; ++part) {
       const bool bf16_rope = kBlock && part == 1;

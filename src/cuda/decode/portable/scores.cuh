@@ -63,7 +63,7 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const WorkTile& t,
     for (int x = kPerRow / 2; x >= 1; x /= 2) m = max(m, __shfl_xor_sync(0xffffffffu, m, x));
     e = ops::q_row_exponent(__uint_as_float(m)) - (kScores == Scores::e4m3 ? 7 : 0);
   }
-  const float scale = __int_as_float((127 + e) << 23);
+  const float scale = ops::exp2i(e);
   std::uint8_t* row = smem + C::kQ + r * C::kQPitch;
   for (int c = part; c < 72; c += kPerRow) {
     const uint4 v = chunk(c);
@@ -99,7 +99,7 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const WorkTile& t,
                      ops::scale_to_half2(w[2], scale), ops::scale_to_half2(w[3], scale));
     }
   }
-  if (part == 0) reinterpret_cast<float*>(smem + C::kQInv)[r] = __int_as_float((127 - e) << 23);
+  if (part == 0) reinterpret_cast<float*>(smem + C::kQInv)[r] = ops::exp2i(-e);
   __syncthreads();
 }
 
