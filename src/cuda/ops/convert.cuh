@@ -115,12 +115,15 @@ __device__ __forceinline__ std::uint32_t abs_max_bits(uint4 v) {
 __device__ __forceinline__ int q_row_exponent(float amax) {
   const std::uint32_t b = __float_as_uint(amax);
   const int biased = static_cast<int>(b >> 23);  // > 255 when negative
-  if (b == 0 || biased >= 255) return 0;       // zero, inf, NaN (or a negative value)
-  return min(141 - biased, 120);  // normal: amax in [2^(biased-127), 2^(biased-126)); subnormal: 120
+  if (b == 0 || biased >= 255) return 0;         // zero, inf, NaN (or a negative value)
+  // Normal: amax in [2^(biased - 127), 2^(biased - 126)); subnormal (biased 0): 120.
+  return min(141 - biased, 120);
 }
 
 // 2^e as a float, for e in [-126, 127].
-__device__ __forceinline__ float exp2i(int e) { return __int_as_float((127 + e) << 23); }
+__device__ __forceinline__ float exp2i(int e) {
+  return __int_as_float((127 + e) << 23);
+}
 
 // Two bf16 values times `scale` as an f16x2 word.
 __device__ __forceinline__ std::uint32_t scale_to_half2(std::uint32_t bf16x2, float scale) {

@@ -24,8 +24,8 @@ inline constexpr int kTileBytes = 9 * kPanel;
 
 template <bool kBf16Cache>
 struct Layout {
-  static constexpr bool kBf16 =
-      kBf16Cache;  // load_q_panels_async: bf16 Q as given, else fp16 x 2^e
+  // load_q_panels_async: bf16 Q as given, else fp16 x 2^e
+  static constexpr bool kBf16 = kBf16Cache;
   static constexpr int kQ = 0;
   static constexpr int kTile = kQ + 9 * rows64::kQPanel;          // [2] 16-bit tiles
   static constexpr int kFlags = kTile + 2 * kTileBytes;           // [tile][token] present
