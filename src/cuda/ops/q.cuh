@@ -1,7 +1,6 @@
 // Q into shared memory or registers, in the forms the families multiply: 16-byte chunks of a
 // row (load_q_chunks); a row's hi and lo e4m3 terms as an fp8 wgmma B operand (store_q_terms);
-// nine 128-byte-swizzled panels of 64 rows, bf16 (load_q_panels) or fp16 scaled per row or bf16
-// (load_q_panels_async).
+// nine 128-byte-swizzled panels of 64 rows, fp16 scaled per row or bf16 (load_q_panels).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -159,10 +158,10 @@ __device__ __forceinline__ void store_q_terms(const DecodeParams& p, const uint4
 
 // ---- Q panels: the 17-64-row families' A operand ----
 // Q rows into the nine swizzled panels at L::kQ (zero rows past the tile) and L::kQInv, the rows'
-// 1 / q scale. Both loaders are run by the two consumer warpgroups (threads 0-255) alone: their
-// barriers are named barrier 1 (rows64::kConsumerBarrier), and each ends with one. kHalfIo: the
-// kernel's instantiation for plans with fp16 queries or outputs, which reads DecodeParams::q_f16;
-// the other instantiation takes bf16 queries only and holds no fp16 code.
+// 1 / q scale, by the two consumer warpgroups (threads 0-255) alone: their barriers are named
+// barrier 1 (rows64::kConsumerBarrier), and load_q_panels ends with one. kHalfIo: the kernel's
+// instantiation for plans with fp16 queries or outputs, which reads DecodeParams::q_f16; the
+// other instantiation takes bf16 queries only and holds no fp16 code.
 
 // Tile row r's 16-byte chunk c of 72 in global memory (nope chunks 0..63, rope 64..71).
 __device__ __forceinline__ const __nv_bfloat16* q_chunk_src(const DecodeParams& p,
@@ -180,55 +179,7 @@ __device__ __forceinline__ uint4* q_panel_chunk(std::uint8_t* smem, int r, int c
                                   sw128(r, 16 * (c % 8)));
 }
 
-// bf16_wide_rows' loader: bf16 as given (fp16 queries rounded to it), kQInv = 1, a thread's 18
-// chunks in groups of L::kQGroup loaded into registers, each group's loads issued before its
-// stores: a store between two loads (generic pointers, which may alias for all the compiler
-// knows) kept every load behind the previous store, one memory round trip a chunk.
-template <class L, bool kHalfIo>
-__device__ __forceinline__ void load_q_panels(const DecodeParams& p, const WorkTile& t, int q_first,
-                                              std::uint8_t* smem) {
-  static_assert(L::kBf16, "bf16 Q as given");
-  const int rows = t.q_count * t.head_count;
-  // 8 bf16 values of row r, chunk c of 72; kF16: fp16 queries, rounded to bf16 (q_as_bf16). The
-  // load loop below is made once for each dtype the instantiation serves.
-  auto q_chunk = [&]<bool kF16>(int r, int c) {
-    if (r >= rows) return make_uint4(0, 0, 0, 0);
-    const uint4 v = *reinterpret_cast<const uint4*>(q_chunk_src(p, t, q_first, r, c));
-    return kF16 ? q_as_bf16(v, true) : v;
-  };
-  float* inv = reinterpret_cast<float*>(smem + L::kQInv);
-  constexpr int kPer = rows64::kRows * 72 / rows64::kThreads;
-  constexpr int kGroup = L::kQGroup;
-  static_assert(kPer * rows64::kThreads == rows64::kRows * 72 && kPer % kGroup == 0,
-                "whole chunks a thread");
-  auto load = [&]<bool kF16>() {
-#pragma unroll 1
-    for (int k0 = 0; k0 < kPer; k0 += kGroup) {
-      uint4 v[kGroup];
-#pragma unroll
-      for (int k = 0; k < kGroup; ++k) {
-        const int i = static_cast<int>(threadIdx.x) + (k0 + k) * rows64::kThreads;
-        v[k] = q_chunk.template operator()<kF16>(i / 72, i % 72);
-      }
-#pragma unroll
-      for (int k = 0; k < kGroup; ++k) {
-        const int i = static_cast<int>(threadIdx.x) + (k0 + k) * rows64::kThreads, r = i / 72,
-                  c = i % 72;
-        if (c == 0) inv[r] = 1.0f;
-        *q_panel_chunk<L>(smem, r, c) = v[k];
-      }
-    }
-  };
-  if (kHalfIo && p.q_f16) {
-    load.template operator()<kHalfIo>();
-  } else {
-    load.template operator()<false>();
-  }
-  fence_proxy_async();
-  named_barrier_sync(rows64::kConsumerBarrier, rows64::kThreads);
-}
-
-// wide_rows' loader: fp8 caches take fp16, each row scaled by 2^e (q_row_exponent over its nope
+// load_q_panels: fp8 caches take fp16, each row scaled by 2^e (q_row_exponent over its nope
 // values and its ratio-scaled rope values), kQInv = 2^-e; bf16 caches (L::kBf16) bf16 as given,
 // kQInv = 1. Every chunk comes by cp.async, all 18 of a thread in flight with no register holding
 // them; then, for fp8 caches or fp16 queries, one pass by row owners: thread (warp w, lane l)
@@ -236,8 +187,8 @@ __device__ __forceinline__ void load_q_panels(const DecodeParams& p, const WorkT
 // of one panel column (conflict-free) and a row's four owners meet by two shuffles, with no
 // shared scratch or atomics.
 template <class L, bool kHalfIo>
-__device__ __forceinline__ void load_q_panels_async(const DecodeParams& p, const WorkTile& t,
-                                                    int q_first, float ratio, std::uint8_t* smem) {
+__device__ __forceinline__ void load_q_panels(const DecodeParams& p, const WorkTile& t, int q_first,
+                                              float ratio, std::uint8_t* smem) {
   const int rows = t.q_count * t.head_count;
   float* inv = reinterpret_cast<float*>(smem + L::kQInv);
   constexpr int kPer = rows64::kRows * 72 / rows64::kThreads;

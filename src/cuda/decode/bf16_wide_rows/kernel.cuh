@@ -39,7 +39,6 @@ inline constexpr int kThreads = rows64::kThreads;  // the two warpgroups, no pro
 
 struct Layout {
   static constexpr bool kBf16 = true;  // ops::load_q_panels: Q as given
-  static constexpr int kQGroup = 18;   // ops::load_q_panels: all a thread's chunks at once
   static constexpr int kQ = 0;  // nine panels; panel 8 holds warpgroup 1's P once Q's rope is read
   static constexpr int kTile = kQ + 9 * rows64::kQPanel;     // [2]
   static constexpr int kP0 = kTile + 2 * kTileBytes;         // warpgroup 0's P, at b1's base
@@ -48,11 +47,9 @@ struct Layout {
   static constexpr int kScale1 = kScale0 + rows64::kRows * 4;  // [row] O's factor, b1's softmax
   static constexpr int kSums = kScale1 + rows64::kRows * 4;    // [warpgroup][row] sums at the end
   static constexpr int kQInv = kSums + 2 * rows64::kRows * 4;
-  static constexpr int kQAmax = kQInv + rows64::kRows * 4;
-  static constexpr int kOnes =
-      kQAmax + rows64::kRows * 4;                   // [token] 1: a copied block has them all
-  static constexpr int kBars = kOnes + kN;          // [tile][panel] mbarriers
-  static constexpr int kHandoffs = kBars + 18 * 8;  // [4] mbarriers (kScale0Ready ..)
+  static constexpr int kOnes = kQInv + rows64::kRows * 4;  // [token] 1: a copied block has them all
+  static constexpr int kBars = kOnes + kN;                 // [tile][panel] mbarriers
+  static constexpr int kHandoffs = kBars + 18 * 8;         // [4] mbarriers (kScale0Ready ..)
   static constexpr int kSmemBytes = kHandoffs + 4 * 8 + 1024;  // + slack to align to 1 KB
   static_assert(kSmemBytes <= 227 * 1024, "Q and two tiles fit in shared memory");
   static_assert(kTile % 1024 == 0 && kP0 % 1024 == 0, "swizzle atoms stay aligned");
@@ -210,7 +207,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       run(kRight);
     }
   }
-  ops::load_q_panels<L, kHalfIo>(p, t, tile.q_first,
+  ops::load_q_panels<L, kHalfIo>(p, t, tile.q_first, 1.0f,
                                  smem);  // ends with a barrier of both warpgroups
   // Q's rope panel into registers (S's panel 8 takes A from them); warpgroup 1 writes P1 there
   // only after warpgroup 0's first kScale0Ready, which follows these loads.

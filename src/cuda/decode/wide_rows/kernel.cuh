@@ -62,7 +62,7 @@ struct Regs {
 
 // F: the cache format. bf16 and the block format share the bf16 tile (Q as given, bf16
 // products); fp8_e4m3 takes the fp16 tile. kHalfIo: the instantiation for plans with fp16 queries
-// or outputs (KernelEntry::half_fn); the other holds no fp16 conversion (ops::load_q_panels_async).
+// or outputs (KernelEntry::half_fn); the other holds no fp16 conversion (ops::load_q_panels).
 template <KvFormat F, bool kHalfIo>
 __global__ void __launch_bounds__(kThreads, 1) wide_rows_kernel(const DecodeParams p) {
   constexpr bool kBf16 = F != KvFormat::fp8_e4m3;
@@ -190,8 +190,8 @@ __global__ void __launch_bounds__(kThreads, 1) wide_rows_kernel(const DecodePara
   // P V of output dims [0, 256); warpgroup 1 P V of [256, 512) with P from shared memory ----
   auto consume = [&](auto role) {
     constexpr int kGroup = decltype(role)::value;
-    ops::load_q_panels_async<L, kHalfIo>(p, t, q_first, p.scale_pe / p.scale_nope,
-                                         smem);  // ends with a barrier
+    ops::load_q_panels<L, kHalfIo>(p, t, q_first, p.scale_pe / p.scale_nope,
+                                   smem);  // ends with a barrier
     float o[4][32];
 #pragma unroll
     for (int c = 0; c < 4; ++c)

@@ -24,7 +24,7 @@ inline constexpr int kTileBytes = 9 * kPanel;
 
 template <bool kBf16Cache>
 struct Layout {
-  // load_q_panels_async: bf16 Q as given, else fp16 x 2^e
+  // load_q_panels: bf16 Q as given, else fp16 x 2^e
   static constexpr bool kBf16 = kBf16Cache;
   static constexpr int kQ = 0;
   static constexpr int kTile = kQ + 9 * rows64::kQPanel;          // [2] 16-bit tiles
@@ -32,9 +32,8 @@ struct Layout {
   static constexpr int kFactor = kFlags + 2 * kN;                 // [tile][row] O's rescale factor
   static constexpr int kStats = kFactor + 2 * rows64::kRows * 4;  // [row] max, sum at the end
   static constexpr int kQInv = kStats + 2 * rows64::kRows * 4;
-  static constexpr int kQAmax = kQInv + rows64::kRows * 4;
-  static constexpr int kBars = kQAmax + rows64::kRows * 4;  // full[2], ready[2], free[2]
-  static constexpr int kSmemBytes = kBars + 6 * 8 + 1024;   // + slack to align to 1 KB
+  static constexpr int kBars = kQInv + rows64::kRows * 4;  // full[2], ready[2], free[2]
+  static constexpr int kSmemBytes = kBars + 6 * 8 + 1024;  // + slack to align to 1 KB
   static_assert(kSmemBytes <= 227 * 1024, "tile does not fit in shared memory");
 };
 
