@@ -20,6 +20,9 @@ struct KernelEntry {
   // families that build one apart (same smem, threads and registers) so that fn holds no fp16
   // conversion; nullptr: fn serves every dtype.
   DecodeFn half_fn = nullptr;
+  // The kernel run() launches when every tile of the plan has at most 8 rows (plan.kernel_rows),
+  // for families that build one (same smem, threads and registers); nullptr: fn serves them.
+  DecodeFn rows8_fn = nullptr;
 };
 
 // The kernel of `family` for a `format` cache and tiles of `row_tiles` 16-row m-tiles (1, 2 or 4)

@@ -97,14 +97,14 @@ __device__ __forceinline__ void wgmma_fence_operand(float (&d)[N]) {
 // The fp8-score kernels' S, issued as kChains accumulator chains (fp8 wgmma keeps its sums to
 // ~13 bits, so chains stay short): commit the last step, wait for every product, then sum the
 // chains in fp32 into d.
-template <int kChains>
-__device__ __forceinline__ void sum_chains(float (&dc)[kChains][16], float (&d)[16]) {
+template <int kChains, int kN>
+__device__ __forceinline__ void sum_chains(float (&dc)[kChains][kN], float (&d)[kN]) {
   wgmma_commit();
   wgmma_wait<0>();
 #pragma unroll
   for (int c = 0; c < kChains; ++c) wgmma_fence_operand(dc[c]);
 #pragma unroll
-  for (int e = 0; e < 16; ++e) {
+  for (int e = 0; e < kN; ++e) {
     d[e] = dc[0][e];
 #pragma unroll
     for (int c = 1; c < kChains; ++c) d[e] += dc[c][e];
@@ -290,6 +290,16 @@ __device__ __forceinline__ void wgmma_64x32x32_e4m3_rs(float (&d)[16], const std
       " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15},"
       " {%16, %17, %18, %19}, %20, p, 1, 1;\n}\n"
       : FP8MLA_WGMMA_D16
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+// The same with N = 16 (tiles of <= 8 rows: their hi and lo terms).
+__device__ __forceinline__ void wgmma_64x16x32_e4m3_rs(float (&d)[8], const std::uint32_t (&a)[4],
+                                                       std::uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %13, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3"
+      " {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1;\n}\n"
+      : FP8MLA_WGMMA_D8
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
 }
 #undef FP8MLA_WGMMA_64x32x32_E4M3

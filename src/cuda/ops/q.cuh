@@ -110,8 +110,9 @@ __device__ __forceinline__ int q_rope_offset(int n, int c) {
 // NaN codes, so its outputs are NaN, never a finite guess), and scale[q_r] = scale_nope * 2^-e
 // for the scores. kRopeBf16At >= 0 (caches with a bf16 rope: the block format): the rope is
 // written there instead, as bf16 times the same powers of two (exact), the B operand of a bf16
-// wgmma (16 rows of 128 bytes, 128-byte swizzled: q_rope_offset).
-template <int kQAt, int kRopeBf16At = -1>
+// wgmma (16 rows of 128 bytes, 128-byte swizzled: q_rope_offset). Row q_r's lo term is operand
+// row q_r + kLoRow: 16 (N = 32: hi rows 0-15, then lo), or 8 for tiles of <= 8 rows (N = 16).
+template <int kQAt, int kRopeBf16At = -1, int kLoRow = rows16::kRows>
 __device__ __forceinline__ void store_q_terms(const DecodeParams& p, const uint4 (&q_v)[5], int q_r,
                                               int q_part, std::uint8_t* smem, float* scale) {
   std::uint32_t mn = 0, mp = 0;  // |q| maxima as float bits (NaN above inf)
@@ -150,7 +151,7 @@ __device__ __forceinline__ void store_q_terms(const DecodeParams& p, const uint4
     split_e4m3(q_v[i], c < 64 ? rs.nope : rs.pe_a, c < 64 ? 1.0f : rs.pe_b, hi, lo);
     if (bad) hi = make_uint2(0x7f7f7f7fu, 0x7f7f7f7fu);
     *reinterpret_cast<uint2*>(smem + q_offset<kQAt>(q_r, c)) = hi;
-    *reinterpret_cast<uint2*>(smem + q_offset<kQAt>(q_r + rows16::kRows, c)) = lo;
+    *reinterpret_cast<uint2*>(smem + q_offset<kQAt>(q_r + kLoRow, c)) = lo;
   }
   if (q_part == 0) scale[q_r] = p.scale_nope * exp2i(-rs.e);
   fence_proxy_async();  // the generic stores above, read by wgmma (async proxy)

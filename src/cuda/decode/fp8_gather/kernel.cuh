@@ -18,6 +18,10 @@
 // bf16 wgmma (Q's rope stored as bf16 times the row's power of two: store_q_terms). P V: a
 // warp's 128 columns are one scale group, so its P fragments are multiplied by the tokens'
 // scales over the block's largest (fp16 range) and O carries that largest (o_norm).
+//
+// Tiles of <= 8 rows (fp8_e4m3; 8 heads a GPU: GLM-5 and DeepSeek at TP8) run their own
+// instantiation (kRows8): S over N = 16 (the rows' hi and lo terms, no padded rows), and the
+// softmax and O's rescale over those 8 rows only; P V keeps m16n8k16 with P's rows 8-15 zero.
 #pragma once
 
 #include <cstdint>
@@ -94,7 +98,9 @@ __device__ __forceinline__ void wg_sync(int wg) {
 // steps: steps 0-2, 3-5, 6-8 into d[0], d[1], d[2], which then meet in fp32 in d[0]; 9-11 and 12-14
 // into fresh d[1], d[2], and d[1] joins d[0]; 15-17 into a fresh d[1]. The caller commits the last
 // step and adds the three.
-__device__ __forceinline__ void s_product(float (&d)[kChains][16], const std::uint8_t* row,
+// kN = 8: tiles of <= 8 rows, m64n16k32 (their hi and lo terms).
+template <int kN>
+__device__ __forceinline__ void s_product(float (&d)[kChains][kN], const std::uint8_t* row,
                                           std::uint64_t b_ckv, std::uint64_t b_pe) {
   static_assert(kChains == 3, "the chain schedule below");
   std::uint32_t a[2][4];
@@ -105,10 +111,10 @@ __device__ __forceinline__ void s_product(float (&d)[kChains][16], const std::ui
 #pragma unroll
       for (int c = 0; c < kChains; ++c) wgmma_fence_operand(d[c]);
 #pragma unroll
-      for (int e = 0; e < 16; ++e) d[0][e] += d[1][e];
+      for (int e = 0; e < kN; ++e) d[0][e] += d[1][e];
       if (i == 9) {
 #pragma unroll
-        for (int e = 0; e < 16; ++e) d[0][e] += d[2][e];
+        for (int e = 0; e < kN; ++e) d[0][e] += d[2][e];
       }
     } else if (i >= 2) {
       wgmma_wait<1>();
@@ -116,10 +122,13 @@ __device__ __forceinline__ void s_product(float (&d)[kChains][16], const std::ui
     ldmatrix_x4(a[i % 2], i < 16 ? row + 32 * i : row + 512 + 32 * (i - 16));
     wgmma_fence();  // the A registers (and the accumulators) written above
     const int chain = i < 9 ? i / 3 : (i < 12 || i >= 15 ? 1 : 2);
-    wgmma_64x32x32_e4m3_rs(
-        d[chain], a[i % 2],
-        i < 16 ? desc_add(b_ckv, i / 4 * kQSlab + i % 4 * 32) : desc_add(b_pe, 32 * (i - 16)),
-        i % 3 != 0);
+    const std::uint64_t b =
+        i < 16 ? desc_add(b_ckv, i / 4 * kQSlab + i % 4 * 32) : desc_add(b_pe, 32 * (i - 16));
+    if constexpr (kN == 8) {
+      wgmma_64x16x32_e4m3_rs(d[chain], a[i % 2], b, i % 3 != 0);
+    } else {
+      wgmma_64x32x32_e4m3_rs(d[chain], a[i % 2], b, i % 3 != 0);
+    }
     if (i < 17) wgmma_commit();
   }
 }
@@ -169,10 +178,15 @@ __device__ __forceinline__ void s_product_block(float (&total)[16], const std::u
   fold(3);
 }
 
-template <KvFormat F>
+// kRows8: the instantiation for tiles of <= 8 rows (fp8_e4m3 only).
+template <KvFormat F, bool kRows8 = false>
 __global__ void __maxnreg__(kMaxRegs) fp8_gather_kernel(const __grid_constant__ DecodeParams p) {
   using L = Layout<F>;
   constexpr bool kBlock = L::kBlock;
+  static_assert(!(kRows8 && kBlock), "the block format's S keeps 16 rows");
+  // The P rows a thread scores (2 tq + k, 8 + 2 tq + k) and O row halves (rows g, g + 8) that
+  // this instantiation computes.
+  constexpr int kThreadRows = kRows8 ? 2 : 4, kOHalves = kRows8 ? 1 : 2, kN = kRows8 ? 8 : 16;
   constexpr int kPitch = L::kPitch, kStages = L::kStages, kStageBytes = L::kStageBytes;
   constexpr int kKv = L::kKv, kQ = L::kQ, kP = L::kP, kRed = L::kRed, kSum = L::kSum;
   constexpr int kMax1 = L::kMax1, kScale = L::kScale, kBar = L::kBar, kEmpty = L::kEmpty;
@@ -197,10 +211,12 @@ __global__ void __maxnreg__(kMaxRegs) fp8_gather_kernel(const __grid_constant__ 
   // ---- Q: hi and lo e4m3 terms as the B operand, the rows' score scales ----
   {
     const int q_r = threadIdx.x / 16, q_part = threadIdx.x % 16;
-    uint4 q_v[5];
-    ops::load_q_chunks(p, t, tile.q_first, rows, q_r, q_part, q_v);
-    ops::store_q_terms<kQ, kBlock ? L::kQRope : -1>(p, q_v, q_r, q_part, smem,
-                                                    reinterpret_cast<float*>(smem + kScale));
+    if (!kRows8 || q_r < 8) {  // kRows8: warps 0-3, rows 0-7 (operand rows 8-15 hold lo terms)
+      uint4 q_v[5];
+      ops::load_q_chunks(p, t, tile.q_first, rows, q_r, q_part, q_v);
+      ops::store_q_terms<kQ, kBlock ? L::kQRope : -1, kRows8 ? 8 : rows16::kRows>(
+          p, q_v, q_r, q_part, smem, reinterpret_cast<float*>(smem + kScale));
+    }
   }
   Producer::cta_sync();
 
@@ -209,7 +225,7 @@ __global__ void __maxnreg__(kMaxRegs) fp8_gather_kernel(const __grid_constant__ 
   int limit[4];
   float sc[4];
 #pragma unroll
-  for (int ri = 0; ri < 4; ++ri) {
+  for (int ri = 0; ri < kThreadRows; ++ri) {
     const int r = 8 * (ri / 2) + 2 * tq + ri % 2;
     limit[ri] = ops::row_limit(p, t, r, tile.kv_len, tile.qo_len);
     sc[ri] = reinterpret_cast<const float*>(smem + kScale)[r];
@@ -224,6 +240,11 @@ __global__ void __maxnreg__(kMaxRegs) fp8_gather_kernel(const __grid_constant__ 
     for (int n = 0; n < 8; ++n) o[h][n][0] = o[h][n][1] = o[h][n][2] = o[h][n][3] = 0.0f;
 
   std::uint16_t* p_s = reinterpret_cast<std::uint16_t*>(smem + kP) + wg * kRows * kPElems;
+  if constexpr (kRows8) {
+    // P's rows 8-15 are P V's padded A rows: zeros once (the first wg_sync publishes them).
+    for (int x = threadIdx.x % 128; x < 8 * kPElems / 2; x += 128)
+      reinterpret_cast<std::uint32_t*>(p_s + 8 * kPElems)[x] = 0;
+  }
   float* red = reinterpret_cast<float*>(smem + kRed) + wg * kRows * 4;
   const std::uint64_t b_ckv = wgmma_desc<128>(smem + kQ, 16, 1024);
   const std::uint64_t b_pe = wgmma_desc<64>(smem + kQ + 4 * kQSlab, 16, 512);
@@ -252,13 +273,13 @@ __global__ void __maxnreg__(kMaxRegs) fp8_gather_kernel(const __grid_constant__ 
     // ---- S^T = K Q^T: all 18 k-steps (the block format: 16 and the rope's 4) ----
     // d[4 j + e]: n-tile j (j = 0, 1: hi of rows 8 j + 2 tq (+ 1); 2, 3: their lo), e = 2 m + k:
     // token tok0 + 8 m, row + k. s[4 i + e]: row 8 i + 2 tq + k, token tok0 + 8 m.
-    float d[16];
+    float d[kN];
     if constexpr (kBlock) {
 #pragma unroll
       for (int e = 0; e < 16; ++e) d[e] = 0.0f;
       s_product_block<kPitch>(d, kv + a_row, kv + tok0 * kPitch + 512, b_ckv, b_rope);
     } else {
-      float dc[kChains][16];
+      float dc[kChains][kN];
       s_product(dc, kv + a_row, b_ckv, b_pe);
       sum_chains(dc, d);
     }
@@ -268,12 +289,12 @@ __global__ void __maxnreg__(kMaxRegs) fp8_gather_kernel(const __grid_constant__ 
     auto present = [&](int tok) {
       return (kBlock ? smem[L::kFlags + stage * kBlockN + tok] : kv[tok * kPitch + 576]) != 0;
     };
-    float s[8];
+    float s[2 * kThreadRows];
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < kThreadRows / 2; ++i)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float hi = d[4 * i + e], lo = d[4 * i + 8 + e];
+        const float hi = d[4 * i + e], lo = d[4 * i + kN / 2 + e];
         const int ri = 2 * i + e % 2, tok = tok0 + 8 * (e / 2);
         const bool ok = j0 + tok < t.kv_end && j0 + tok <= limit[ri] && present(tok);
         s[4 * i + e] = ok ? (hi + lo * 0.0625f) * sc[ri] : -INFINITY;
@@ -291,7 +312,7 @@ __global__ void __maxnreg__(kMaxRegs) fp8_gather_kernel(const __grid_constant__ 
 
       // ---- the block's row maxima over the warpgroup, P, the running sums, O rescaled ----
 #pragma unroll
-    for (int ri = 0; ri < 4; ++ri) {
+    for (int ri = 0; ri < kThreadRows; ++ri) {
       const int i = ri / 2, k = ri % 2;
       float mx = fmaxf(s[4 * i + k], s[4 * i + 2 + k]);
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
@@ -301,7 +322,7 @@ __global__ void __maxnreg__(kMaxRegs) fp8_gather_kernel(const __grid_constant__ 
     }
     wg_sync(wg);
 #pragma unroll
-    for (int ri = 0; ri < 4; ++ri) {
+    for (int ri = 0; ri < kThreadRows; ++ri) {
       const int i = ri / 2, k = ri % 2, r = 8 * i + 2 * tq + k;
       const float mx = ops::block_max(red + r * 4, max_p[ri]);
       const float base = mx == -INFINITY ? 0.0f : mx;
@@ -313,7 +334,7 @@ __global__ void __maxnreg__(kMaxRegs) fp8_gather_kernel(const __grid_constant__ 
       row_sum[ri] = row_sum[ri] * alpha + (pa + pb);
     }
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < kOHalves; ++h) {
       const float mx = ops::block_max(red + (g + 8 * h) * 4, max_o[h]);
       const float base = mx == -INFINITY ? 0.0f : mx;
       const float alpha = fast_exp2(max_o[h] - base);
@@ -363,7 +384,7 @@ __global__ void __maxnreg__(kMaxRegs) fp8_gather_kernel(const __grid_constant__ 
   }
   float* sums = reinterpret_cast<float*>(smem + kSum);
 #pragma unroll
-  for (int ri = 0; ri < 4; ++ri) {
+  for (int ri = 0; ri < kThreadRows; ++ri) {
     float sum = row_sum[ri];
     sum += __shfl_xor_sync(0xffffffffu, sum, 4);
     sum += __shfl_xor_sync(0xffffffffu, sum, 8);
@@ -387,7 +408,7 @@ __global__ void __maxnreg__(kMaxRegs) fp8_gather_kernel(const __grid_constant__ 
   bar_sync_aligned<1, kMathThreads>();
   if (wg == 1) return;
 #pragma unroll
-  for (int hr = 0; hr < 2; ++hr) {
+  for (int hr = 0; hr < kOHalves; ++hr) {
     const int r = g + 8 * hr;
     if (r >= rows) continue;
     const float m0 = max_o[hr], m1 = max1[r];

@@ -5,8 +5,10 @@
 namespace fp8mla::detail::fp8_gather {
 
 KernelEntry fp8_e4m3() {
-  return {&fp8_gather_kernel<KvFormat::fp8_e4m3>, Layout<KvFormat::fp8_e4m3>::kSmemBytes,
-          kCtaThreads};
+  return {.fn = &fp8_gather_kernel<KvFormat::fp8_e4m3>,
+          .smem = Layout<KvFormat::fp8_e4m3>::kSmemBytes,
+          .threads = kCtaThreads,
+          .rows8_fn = &fp8_gather_kernel<KvFormat::fp8_e4m3, true>};
 }
 
 }  // namespace fp8mla::detail::fp8_gather
