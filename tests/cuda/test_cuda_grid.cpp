@@ -108,11 +108,13 @@ const GridCase kGrid[] = {
     {F8, 16, 2, 4, 1, 1, false, 0, 900, SP, 1.0f, 1.0f, "fp8_gather", nullptr},
     {F8, 8, 4, 3, 1, 2, true, 1, 700, FU, 0.5f, 2.0f, "fp8_gather", nullptr},
     {F8, 12, 1, 3, 1, 1, false, 1, 600, FU, 1e-3f, 1e3f, "fp8_exact", nullptr},
-    // <= 8-row fp8 tiles (fp8_gather's own instantiation for them): 4 heads x 1-2 causal tokens
-    // with kpe_scale / ckv_scale = 1/4, one head on pages of 2 tokens, six heads from length 0
+    // <= 8-row tiles (fp8_gather's own instantiation for them): 4 heads x 1-2 causal tokens
+    // with kpe_scale / ckv_scale = 1/4, one head on pages of 2 tokens, six heads from length 0;
+    // the block format's 4 heads x 1-2 causal tokens (its 8-head and 1-head rows are above)
     {F8, 4, 1, 4, 1, 2, true, 1, 800, SP, 2.0f, 0.5f, "fp8_gather", nullptr},
     {F8, 1, 2, 3, 1, 1, false, 1, 600, FU, 1.0f, 1.0f, "fp8_gather", nullptr},
     {F8, 6, 1, 3, 1, 1, false, 0, 700, FU, 0.5f, 1.0f, "fp8_gather", nullptr},
+    {BL, 4, 1, 3, 1, 2, true, 1, 700, FU, 1.0f, 1.0f, "fp8_gather", nullptr},
     // ... and fp8_exact on pages of 64 (a ratio of 1e6, one query token)
     {F8, 16, 64, 3, 1, 1, false, 1, 800, SP, 1e-3f, 1e3f, "fp8_exact", nullptr},
     // <= 16-row bf16 tiles on pages of < 8 tokens (the bf16 TMA kernel's gather instantiation):

@@ -276,6 +276,17 @@ __device__ __forceinline__ void wgmma_64x16x16_bf16_rs(float (&d)[8], const std:
       : FP8MLA_WGMMA_D8
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
 }
+// D (64 x 8 fp32) (+)= A (64 x 16 bf16 in registers) * B (16 x 8 bf16, shared memory, K-major):
+// the block format's rope for tiles of <= 8 rows.
+__device__ __forceinline__ void wgmma_64x8x16_bf16_rs(float (&d)[4], const std::uint32_t (&a)[4],
+                                                      std::uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %9, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16"
+      " {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
 __device__ __forceinline__ void wgmma_64x32x32_e4m3(float (&d)[16], std::uint64_t a,
                                                     std::uint64_t b, int accumulate) {
   FP8MLA_WGMMA_64x32x32_E4M3;

@@ -19,9 +19,10 @@
 // warp's 128 columns are one scale group, so its P fragments are multiplied by the tokens'
 // scales over the block's largest (fp16 range) and O carries that largest (o_norm).
 //
-// Tiles of <= 8 rows (fp8_e4m3; 8 heads a GPU: GLM-5 and DeepSeek at TP8) run their own
-// instantiation (kRows8): S over N = 16 (the rows' hi and lo terms, no padded rows), and the
-// softmax and O's rescale over those 8 rows only; P V keeps m16n8k16 with P's rows 8-15 zero.
+// Tiles of <= 8 rows (8 heads a GPU: GLM-5 and DeepSeek at TP8) run their own instantiation
+// (kRows8), in both formats: S over N = 16 (the rows' hi and lo terms, no padded rows; the block
+// format's rope over N = 8), and the softmax and O's rescale over those 8 rows only; P V keeps
+// m16n8k16 with P's rows 8-15 zero.
 #pragma once
 
 #include <cstdint>
@@ -134,26 +135,27 @@ __device__ __forceinline__ void s_product(float (&d)[kChains][kN], const std::ui
 }
 
 // The block format's S^T = K Q^T into `total` (zeros on entry): first the rope's 4 bf16 k-steps
-// (bytes 528 + 32 i of the row; B: Q's bf16 rope) straight into total[0..7] (its 16 columns are
-// the hi rows), then the 16 code k-steps in one chain per scale group (group b: steps
-// 4 + 4 b .. 7 + 4 b into d). Once group b's chain is done (the wait before group b + 1's first
-// step) it is added to `total` times its tokens' group-b scales (read from their rows, `scales`:
-// token tok0's four, token tok0 + 8's 8 rows on; d[4 j + 2 m + k] is token tok0 + 8 m). One
-// chain buffer: two spill at this kernel's register cap. Returns with every product complete.
-template <int kPitch>
-__device__ __forceinline__ void s_product_block(float (&total)[16], const std::uint8_t* row,
+// (bytes 528 + 32 i of the row; B: Q's bf16 rope) straight into the first half of total (its
+// columns are the hi rows: 16 of them, or 8 for kN = 8), then the 16 code k-steps in one chain per
+// scale group (group b: steps 4 + 4 b .. 7 + 4 b into d). Once group b's chain is done (the wait
+// before group b + 1's first step) it is added to `total` times its tokens' group-b scales (read
+// from their rows, `scales`: token tok0's four, token tok0 + 8's 8 rows on; d[4 j + 2 m + k] is
+// token tok0 + 8 m). One chain buffer: two spill at this kernel's register cap. Returns with
+// every product complete. kN = 8: tiles of <= 8 rows (codes m64n16k32, rope m64n8k16).
+template <int kPitch, int kN>
+__device__ __forceinline__ void s_product_block(float (&total)[kN], const std::uint8_t* row,
                                                 const std::uint8_t* scales, std::uint64_t b_ckv,
                                                 std::uint64_t b_rope) {
-  float d[16];
+  float d[kN];
   std::uint32_t a[2][4];
-  float(&rope)[8] = *reinterpret_cast<float(*)[8]>(&total[0]);
+  float(&rope)[kN / 2] = *reinterpret_cast<float(*)[kN / 2]>(&total[0]);
   auto fold = [&](int b) {
     wgmma_fence_operand(d);
     wgmma_fence_operand(total);
     const float s0 = reinterpret_cast<const float*>(scales)[b];
     const float s1 = reinterpret_cast<const float*>(scales + 8 * kPitch)[b];
 #pragma unroll
-    for (int e = 0; e < 16; ++e) total[e] += d[e] * (e % 4 < 2 ? s0 : s1);
+    for (int e = 0; e < kN; ++e) total[e] += d[e] * (e % 4 < 2 ? s0 : s1);
   };
 #pragma unroll
   for (int i = 0; i < 20; ++i) {
@@ -166,11 +168,17 @@ __device__ __forceinline__ void s_product_block(float (&total)[16], const std::u
     }
     ldmatrix_x4(a[i % 2], i < 4 ? row + 528 + 32 * i : row + 32 * c);
     wgmma_fence();  // the A registers (and the accumulators) written above
-    if (i < 4) {
-      wgmma_64x16x16_bf16_rs(rope, a[i % 2], desc_add(b_rope, 32 * i), i > 0);
+    const std::uint64_t b_code = desc_add(b_ckv, c / 4 * kQSlab + c % 4 * 32);
+    if constexpr (kN == 8) {
+      if (i < 4)
+        wgmma_64x8x16_bf16_rs(rope, a[i % 2], desc_add(b_rope, 32 * i), i > 0);
+      else
+        wgmma_64x16x32_e4m3_rs(d, a[i % 2], b_code, c % 4 != 0);
     } else {
-      wgmma_64x32x32_e4m3_rs(d, a[i % 2], desc_add(b_ckv, c / 4 * kQSlab + c % 4 * 32),
-                             c % 4 != 0);
+      if (i < 4)
+        wgmma_64x16x16_bf16_rs(rope, a[i % 2], desc_add(b_rope, 32 * i), i > 0);
+      else
+        wgmma_64x32x32_e4m3_rs(d, a[i % 2], b_code, c % 4 != 0);
     }
     wgmma_commit();
   }
@@ -178,12 +186,11 @@ __device__ __forceinline__ void s_product_block(float (&total)[16], const std::u
   fold(3);
 }
 
-// kRows8: the instantiation for tiles of <= 8 rows (fp8_e4m3 only).
+// kRows8: the instantiation for tiles of <= 8 rows.
 template <KvFormat F, bool kRows8 = false>
 __global__ void __maxnreg__(kMaxRegs) fp8_gather_kernel(const __grid_constant__ DecodeParams p) {
   using L = Layout<F>;
   constexpr bool kBlock = L::kBlock;
-  static_assert(!(kRows8 && kBlock), "the block format's S keeps 16 rows");
   // The P rows a thread scores (2 tq + k, 8 + 2 tq + k) and O row halves (rows g, g + 8) that
   // this instantiation computes.
   constexpr int kThreadRows = kRows8 ? 2 : 4, kOHalves = kRows8 ? 1 : 2, kN = kRows8 ? 8 : 16;
@@ -276,8 +283,8 @@ __global__ void __maxnreg__(kMaxRegs) fp8_gather_kernel(const __grid_constant__ 
     float d[kN];
     if constexpr (kBlock) {
 #pragma unroll
-      for (int e = 0; e < 16; ++e) d[e] = 0.0f;
-      s_product_block<kPitch>(d, kv + a_row, kv + tok0 * kPitch + 512, b_ckv, b_rope);
+      for (int e = 0; e < kN; ++e) d[e] = 0.0f;
+      s_product_block<kPitch, kN>(d, kv + a_row, kv + tok0 * kPitch + 512, b_ckv, b_rope);
     } else {
       float dc[kChains][kN];
       s_product(dc, kv + a_row, b_ckv, b_pe);

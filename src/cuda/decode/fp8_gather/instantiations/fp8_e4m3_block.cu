@@ -5,8 +5,10 @@
 namespace fp8mla::detail::fp8_gather {
 
 KernelEntry fp8_e4m3_block() {
-  return {&fp8_gather_kernel<KvFormat::fp8_e4m3_block>,
-          Layout<KvFormat::fp8_e4m3_block>::kSmemBytes, kCtaThreads};
+  return {.fn = &fp8_gather_kernel<KvFormat::fp8_e4m3_block>,
+          .smem = Layout<KvFormat::fp8_e4m3_block>::kSmemBytes,
+          .threads = kCtaThreads,
+          .rows8_fn = &fp8_gather_kernel<KvFormat::fp8_e4m3_block, true>};
 }
 
 }  // namespace fp8mla::detail::fp8_gather
