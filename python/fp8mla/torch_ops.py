@@ -11,6 +11,11 @@ log) for the plan registered under ``plan_key`` (an int, see fp8mla._registry). 
 torch's current CUDA stream, allocates nothing and never synchronises, so it may be captured in
 a CUDA graph; its fake (meta) implementation lets torch.compile trace through it without a
 graph break (the op is opaque to the compiler and mutates only ``out`` and ``lse``).
+
+``torch.ops.fp8mla.mla_sparse(plan_key, q_nope, q_pe, ckv_cache, kpe_cache, out, sparse_indices,
+ckv_scale, kpe_scale)`` is its sparse (DSA top-k) form, with the same properties: each query token
+reads the global slots of its row of ``sparse_indices`` (int32 [total_q, topk], -1 skipped) when
+the op runs (the SGLang plugin's DSA backend, fp8mla.sglang.dsa, runs it).
 """
 
 from typing import Optional
@@ -48,5 +53,35 @@ def mla_decode(
 @mla_decode.register_fake
 def _mla_decode_fake(
     plan_key, q_nope, q_pe, ckv_cache, kpe_cache, out, lse, ckv_scale, kpe_scale
+):
+    return None
+
+
+@torch.library.custom_op("fp8mla::mla_sparse", mutates_args=("out",))
+def mla_sparse(
+    plan_key: int,
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    ckv_cache: torch.Tensor,
+    kpe_cache: Optional[torch.Tensor],
+    out: torch.Tensor,
+    sparse_indices: torch.Tensor,
+    ckv_scale: float,
+    kpe_scale: float,
+) -> None:
+    """Sparse (DSA top-k) attention of the registered sparse plan ``plan_key``: query token t
+    attends to the global slots sparse_indices[t] (int32 [total_q, topk], -1 skipped), read when
+    the op runs (so a CUDA graph replays on the indices rewritten in place). Tensors as for
+    mla_decode; out bf16 [total_q, H, 512]. Raises ValueError for tensors that do not match the
+    plan."""
+    lookup(plan_key)._run_sparse(
+        q_nope, q_pe, ckv_cache, kpe_cache, out, sparse_indices, ckv_scale, kpe_scale,
+        current_stream(q_nope)
+    )
+
+
+@mla_sparse.register_fake
+def _mla_sparse_fake(
+    plan_key, q_nope, q_pe, ckv_cache, kpe_cache, out, sparse_indices, ckv_scale, kpe_scale
 ):
     return None
