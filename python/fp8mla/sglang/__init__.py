@@ -13,7 +13,9 @@ loads the plugin; without SGLang this package imports nothing.
 What runs where (docs/integrations/sglang.md): decode, target-verify and extend-with-prefix read
 the FP8 (or bf16) pool natively through fp8mla's kernels, under CUDA-graph capture and replay;
 extend without a prefix (the non-absorbed ragged prefill) runs FlashInfer's ragged prefill, as
-SGLang's flashinfer MLA backend does (torch's SDPA where FlashInfer is not installed).
+SGLang's flashinfer MLA backend does (torch's SDPA where FlashInfer is not installed). DSA models
+(DeepSeek-V3.2, GLM-5) get fp8mla.sglang.dsa.Fp8MlaDsaBackend: SGLang's DSA backend with its
+sparse core attention (decode, verify, sparse extend over the indexer's top-k) on fp8mla.
 """
 
 BACKEND_NAME = "fp8mla"
@@ -41,6 +43,20 @@ def create_backend(model_runner):
     if not getattr(model_runner, "use_mla_backend", False):
         raise ValueError("--attention-backend fp8mla serves MLA models only (DeepSeek-V2/V3/R1, "
                          "Kimi K2, GLM-5 ...); this model is not one")
+    if is_dsa_model(model_runner):
+        from .dsa import Fp8MlaDsaBackend
+
+        return Fp8MlaDsaBackend(model_runner)
     from .backend import Fp8MlaAttnBackend
 
     return Fp8MlaAttnBackend(model_runner)
+
+
+def is_dsa_model(model_runner):
+    """Whether the model attends with DSA (DeepSeek sparse attention: its indexer's top-k)."""
+    hf_config = getattr(model_runner.model_config, "hf_config", None)
+    if hf_config is None:
+        return False
+    from sglang.srt.configs.model_config import is_deepseek_dsa
+
+    return bool(is_deepseek_dsa(hf_config))

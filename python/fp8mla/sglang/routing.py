@@ -6,7 +6,9 @@ forward method of each batch; an unregistered name falls back to triton's. fp8ml
 own: the absorbed form (MLA: fp8mla's kernels over the latent pool) for decode, target verify,
 extend with a prefix and captured prefill, and the non-absorbed form (MHA: the ragged prefill
 over the new tokens) for extend batches without a prefix, as SGLang's flashinfer backend routes
-them. The handler is registered when the backend is made (the model code is imported by then).
+them. DSA layers (DeepSeek-V3.2, GLM-5) follow SGLang's own DSA dispatch: dense MHA where the
+DSA backend chose it for the batch, else the absorbed sparse MLA. The handler is registered when
+the backend is made (the model code is imported by then).
 """
 
 from . import BACKEND_NAME
@@ -27,6 +29,14 @@ def handle_attention_fp8mla(attn, forward_batch):
         AttnForwardMethod,
     )
 
+    if getattr(attn, "use_dsa", False):
+        # DSA layers: SGLang's DSA dispatch (dense MHA where its backend chose use_mha, else the
+        # absorbed sparse MLA fp8mla serves).
+        from sglang.srt.models.deepseek_common.attention_backend_handler import (
+            handle_attention_dsa,
+        )
+
+        return handle_attention_dsa(attn, forward_batch)
     if is_in_tc_piecewise_cuda_graph() or is_in_breakable_cuda_graph():
         return AttnForwardMethod.MLA
     prefix = forward_batch.extend_prefix_lens_cpu
