@@ -22,9 +22,11 @@
 #   sglang              the SGLang plugin's tests on the GPU (FP8MLA_SGLANG_DEVICE=cuda) with sglang
 #                       and the packages its imports need installed from carried wheels (.whl,
 #                       tests/python/requirements-sglang.txt less what the device has)
-#   step                bench/sglang_step.py: one SGLang decode step (plan + every layer) the
-#                       plugin's way, SGLang's cast-pool way and the gathered cast, in CUDA graphs,
-#                       and extend chunks (STEP_ARGS replaces its default grid)
+#   step                bench/replan_host.py (replan_step's host time), then bench/sglang_step.py:
+#                       one SGLang decode step (plan + every layer) the plugin's way, SGLang's
+#                       cast-pool way (on FlashInfer's fa3 when .device_carry/flashinfer came
+#                       along) and the gathered cast, in CUDA graphs, and extend chunks (STEP_ARGS
+#                       replaces its default grid)
 #   peers               the peer benchmark (bench/peers) when FlashInfer's carry came along
 #   traces              CUDA traces of the three strategies, as tests/audit/traces/cuda holds them
 #   sanitize_portable   memcheck and racecheck of the portable kernels on a small grid
@@ -137,7 +139,12 @@ for step in $steps; do
     step)
       if [ ! -d "$pkg" ] || [ "$(left)" -lt 120 ]; then echo "step skipped"; continue; fi
       section "SGLang decode step: plugin vs cast pool"
-      PYTHONPATH=$pkg timeout $(($(left) - 40)) python3 bench/sglang_step.py \
+      # replan_step's host time alone, in parts, then the step; the cast way runs FlashInfer's fa3
+      # bf16 kernel when its carry came along (JIT-compiled here), else fp8mla's bf16 path.
+      PYTHONPATH=$pkg timeout 60 python3 bench/replan_host.py > "$out/bench_replan_host.txt" 2>&1
+      echo "replan_host rc=$?"; grep -E "^bs|replan_step " "$out/bench_replan_host.txt"
+      PYTHONPATH=$PWD/.device_carry/flashinfer:$pkg PYTHONUNBUFFERED=1 MAX_JOBS=16 \
+        timeout $(($(left) - 40)) python3 bench/sglang_step.py \
         ${STEP_ARGS:---layers 61 --page-size 1 64 --batch 1 16 64 128 --ctx 4096 32768 --extend --pool-tokens 1500000} \
         --json "$out/bench_sglang_step.json" > "$out/bench_sglang_step.txt" 2>&1
       echo "rc=$?"; tail -30 "$out/bench_sglang_step.txt" ;;
