@@ -19,8 +19,8 @@ reads) and the model's hf_config; torch.cuda.get_device_capability (SGLang's con
 (9, 0), an H100); SGLang's indexer (top-k rows drawn at random: distinct positions the token may
 see, all of them when its context is shorter than top-k, -1 elsewhere); the CUDA graph itself
 (capture / replay as SGLang's runner calls the backend, eagerly: the replay rewrites the captured
-metadata and top-k buffers in place); SGLANG_OPT_USE_TOPK_V2=0 (the indexer's top-k v2 plan is a
-CUDA JIT kernel). Fused top-k (SGLang's default: the indexer writes global slots) and unfused
+metadata and top-k buffers in place); SGLANG_OPT_USE_TOPK_V2=0 (that top-k of the indexer
+is a CUDA JIT kernel). Fused top-k (SGLang's default: the indexer writes global slots) and unfused
 (positions, through SGLang's transforms) both run. Bulk context tokens are stored with
 dsa_rows.encode_rows, which test_pool_rows_are_sglang_writers_bytes checks against SGLang's writer
 bit for bit; each step's new tokens go through SGLang's writer itself.
@@ -57,6 +57,7 @@ from sglang.srt.mem_cache.memory_pool import (  # noqa: E402
 )
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode  # noqa: E402
 from sglang.srt.runtime_context import get_context, get_parallel  # noqa: E402
+from sglang_requests import Scheduler  # noqa: E402
 
 DEVICE = "cpu"
 HEADS = 8  # GLM-5 (64 heads) at TP8
@@ -137,29 +138,6 @@ def make_backend(r, fused=True, poison=True, monkeypatch=None):
 
 def layers(n, heads=HEADS):
     return [RadixAttention(heads, 576, SCALING, 1, layer_id=i, v_head_dim=512) for i in range(n)]
-
-
-class Scheduler:
-    """Requests as SGLang's scheduler keeps them: req_to_token rows of token slots, allocated a
-    64-token page at a time from shuffled pages (page 0 is SGLang's padding page)."""
-
-    def __init__(self, r, gen):
-        self.r = r
-        pages = r.token_to_kv_pool.kv_buffer[0].shape[0] // PAGE
-        self.free = (torch.randperm(pages - 1, generator=gen) + 1).tolist()
-        self.rows = {}
-
-    def grow(self, req, new_len):
-        row = self.r.req_to_token_pool.req_to_token[req]
-        old = self.rows.get(req, 0)
-        for j in range(old, new_len):
-            page = self.free.pop() if j % PAGE == 0 else int(row[j - 1]) // PAGE
-            row[j] = page * PAGE + j % PAGE
-        self.rows[req] = new_len
-        return row[old:new_len].clone()
-
-    def slots(self, req, positions):
-        return self.r.req_to_token_pool.req_to_token[req].cpu()[positions.long()]
 
 
 def stored(r, layer_id, fmt):

@@ -39,6 +39,7 @@ from sglang.srt.layers.radix_attention import RadixAttention  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool, ReqToTokenPool  # noqa: E402
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode  # noqa: E402
 from sglang.srt.runtime_context import get_parallel  # noqa: E402
+from sglang_requests import Scheduler  # noqa: E402
 
 HEADS = 16
 SCALING = 1.0 / math.sqrt(192)
@@ -114,30 +115,6 @@ def runner(page_size, kv_dtype, pool_tokens=2048, layers=2, req_slots=8):
 
 def layers(n):
     return [RadixAttention(HEADS, 576, SCALING, 1, layer_id=i, v_head_dim=512) for i in range(n)]
-
-
-class Scheduler:
-    """Requests as SGLang's scheduler keeps them: req_to_token rows of token slots, allocated a
-    page at a time (a page's tokens together), pages in a shuffled order."""
-
-    def __init__(self, r, gen):
-        self.r = r
-        self.gen = gen
-        ps = r.page_size
-        pages = r.token_to_kv_pool.get_key_buffer(0).shape[0] // ps
-        self.free = (torch.randperm(pages - 1, generator=gen) + 1).tolist()  # page 0: padding
-        self.rows = {}
-
-    def grow(self, req, new_len):
-        """Extends request `req` to new_len tokens; returns the slots of the new tokens."""
-        ps = self.r.page_size
-        row = self.r.req_to_token_pool.req_to_token[req]
-        old = self.rows.get(req, 0)
-        for j in range(old, new_len):
-            page = self.free.pop() if j % ps == 0 else int(row[j - 1]) // ps
-            row[j] = page * ps + j % ps
-        self.rows[req] = new_len
-        return row[old:new_len].clone()
 
 
 def write_tokens(r, layer_list, slots, gen):
