@@ -18,6 +18,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 #include <tuple>
@@ -211,7 +212,13 @@ NB_MODULE(_fp8mla, m) {
             fill_problem(pa, problem);
             new (t) StepProblem{std::move(pa)};
           },
-          "problem"_a);
+          "problem"_a)
+      .def(
+          "arrays",
+          [](const StepProblem& t) {
+            return std::make_tuple(t.qo_indptr, t.kv_indptr, t.kv_len);
+          },
+          "The last replan_step_host() call's (qo_indptr, kv_indptr, kv_len), as lists.");
   m.def(
       "replan_step",
       [](fp8mla::Plan& p, const StepProblem& t, nb::handle qo_indptr, nb::handle kv_indptr,
@@ -234,6 +241,49 @@ NB_MODULE(_fp8mla, m) {
       "plan"_a, "step"_a, "qo_indptr"_a, "kv_indptr"_a, "kv_len"_a, "stream"_a, "ordered"_a,
       "fp8mla::replan with a StepProblem's fields and new qo_indptr / kv_indptr / kv_len; "
       "ordered: on `stream` (the stream-ordered graph-mode replan)");
+  // replan_step for host int32 arrays given by address (the wrapper's path for contiguous CPU
+  // int32 torch tensors, which it checks): no DLPack import and no Python copy, the two costs
+  // that made up a third of a step's re-plan on the device hosts. The arrays are copied into the
+  // StepProblem before the re-plan, which reads only those copies. Returns (total_q, n_pages):
+  // qo_indptr[batch] and kv_indptr[batch].
+  m.def(
+      "replan_step_host",
+      [](fp8mla::Plan& p, StepProblem& t, std::uintptr_t qo_indptr, std::uintptr_t kv_indptr,
+         std::uintptr_t kv_len, std::int64_t batch, std::uintptr_t stream, bool ordered) {
+        if (batch < 1 || batch > std::numeric_limits<std::int32_t>::max() - 1)
+          bad("kv_len_arr", "expected 1 to 2^31 - 2 entries, got " + std::to_string(batch));
+        const auto take = [&](std::vector<std::int32_t>& dst, std::uintptr_t address,
+                              std::int64_t n, const char* name) {
+          if (address == 0) bad(name, "the host address is null");
+          const auto* src = reinterpret_cast<const std::int32_t*>(address);
+          dst.assign(src, src + n);
+        };
+        std::vector<std::int32_t> qo, kvp, kvl;
+        take(qo, qo_indptr, batch + 1, "qo_indptr");
+        take(kvp, kv_indptr, batch + 1, "kv_indptr");
+        take(kvl, kv_len, batch, "kv_len");
+        fp8mla::Problem problem = t.pa.problem;
+        problem.qo_indptr = qo;
+        problem.kv_indptr = kvp;
+        problem.kv_len = kvl;
+        {
+          nb::gil_scoped_release release;
+          if (ordered) {
+            fp8mla::replan(p, problem, as_stream(stream));
+          } else {
+            fp8mla::replan(p, problem);
+          }
+        }
+        // Kept only once planned: a refused step leaves the last plan and its arrays.
+        t.qo_indptr = std::move(qo);
+        t.kv_indptr = std::move(kvp);
+        t.kv_len = std::move(kvl);
+        return std::make_tuple(t.qo_indptr.back(), t.kv_indptr.back());
+      },
+      "plan"_a, "step"_a, "qo_indptr"_a, "kv_indptr"_a, "kv_len"_a, "batch"_a, "stream"_a,
+      "ordered"_a,
+      "replan_step with the three arrays given as host addresses of batch + 1, batch + 1 and "
+      "batch int32 entries; returns (total_q, n_pages)");
 
   m.def(
       "run",

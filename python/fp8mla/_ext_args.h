@@ -212,9 +212,13 @@ struct ProblemArgs {
   fp8mla::Problem problem;
 };
 
-// A ProblemArgs kept between calls (_ext.StepProblem): its arrays stay alive with it.
+// A ProblemArgs kept between calls (_ext.StepProblem): its arrays stay alive with it. The step
+// arrays hold the last successful replan_step_host() call's qo_indptr / kv_indptr / kv_len,
+// copied in, so the plan's inputs stay readable (StepProblem.arrays) after the caller rewrites
+// its own.
 struct StepProblem {
   ProblemArgs pa;
+  std::vector<std::int32_t> qo_indptr, kv_indptr, kv_len;
 };
 
 // The Problem of plan / replan / plan_context_parallel / replan_context_parallel, from the one

@@ -157,6 +157,18 @@ def _torch_i32(x, name, ndim, device):
     return t.to(dtype=torch.int32, copy=True).contiguous()
 
 
+def host_i32_address(x):
+    """(address, entries) of a contiguous 1-D int32 CPU torch tensor (an engine's host index
+    array), else None: what replan_step() hands the native module to copy from, without a
+    Python copy or a DLPack import. Reads only the cheapest attributes."""
+    torch = sys.modules.get("torch")
+    if (torch is None or type(x) is not torch.Tensor or x.dtype is not torch.int32
+            or not x.is_cpu or x.ndim != 1 or x.layout is not torch.strided
+            or not x.is_contiguous()):
+        return None
+    return x.data_ptr(), x.numel()
+
+
 def host_i32(x, name, ndim=1):
     """A fresh, contiguous host int32 copy of an index array (ValueError names ``name``).
 

@@ -35,6 +35,7 @@ from ._tensors import (
     empty,
     for_ext,
     host_i32,
+    host_i32_address,
     is_capturing,
     is_torch,
     length,
@@ -329,12 +330,16 @@ class BatchMLAPagedAttentionWrapper:
         [batch] (host int32: CPU torch tensors, numpy, sequences), the page ids read from the
         constructor's kv_indices buffer. It skips plan()'s FlashInfer argument parsing, which
         costs more host time than the re-plan itself; the library still checks every value
-        (ValueError naming the argument, index and bound). Needs a graph-mode wrapper with that
-        buffer and a plan() made first; on CUDA it is stream-ordered, as plan() is there."""
+        (ValueError naming the argument, index and bound). Contiguous CPU int32 torch tensors
+        (what the SGLang backend passes) are copied by the native module from their addresses,
+        without a Python copy or a DLPack import. Needs a graph-mode wrapper with that buffer and
+        a plan() made first; on CUDA it is stream-ordered, as plan() is there."""
         p = self._problem
         if not self._use_cuda_graph or p is None or p["borrowed"] is None:
             raise RuntimeError("replan_step() needs a graph-mode wrapper constructed with a "
                                "kv_indices buffer and a plan() made first")
+        if self._replan_step_host(p, qo_indptr, kv_indptr, kv_len_arr):
+            return
         try:
             qo = host_i32(qo_indptr, "qo_indptr")
             kvp = host_i32(kv_indptr, "kv_indptr")
@@ -368,6 +373,36 @@ class BatchMLAPagedAttentionWrapper:
         self._problem = problem
         self._fill_graph_buffers(qo, kvp, kvl)
 
+    def _replan_step_host(self, p, qo_indptr, kv_indptr, kv_len_arr):
+        """replan_step()'s path for the engines' case, three contiguous CPU int32 torch tensors
+        of consistent lengths over the last build's Problem: the native module copies them from
+        their addresses (no Python copy, no DLPack import). False when it does not apply."""
+        a = host_i32_address(qo_indptr)
+        b = host_i32_address(kv_indptr)
+        c = host_i32_address(kv_len_arr)
+        if a is None or b is None or c is None:
+            return False
+        batch = c[1]
+        pages = self._num_pages if self._num_pages is not None else self._planned_pages
+        if (a[1] != batch + 1 or b[1] != batch + 1 or batch == 0 or self._args is None
+                or pages != self._planned_pages):
+            return False  # the general path's errors and re-builds
+        if self._step is None:
+            self._step = _ext.StepProblem(
+                (None, None, None, None) + self._args[4:-1] + (for_ext(p["borrowed"]),))
+        stream = self._plan_stream(p)
+        try:
+            total_q, n_pages = _ext.replan_step_host(
+                self._plan, self._step, a[0], b[0], c[0], batch, stream or 0, stream is not None)
+        except ValueError as e:
+            raise renamed(e) from None
+        # The arrays of this plan are the step's copies (read back only if a later build needs
+        # them): the caller may rewrite its tensors.
+        self._problem = dict(p, qo=None, kvp=None, kvl=None, batch=batch, total_q=total_q,
+                             n_pages=n_pages)
+        self._fill_graph_buffers(qo_indptr, kv_indptr, kv_len_arr)
+        return True
+
     def _fill_graph_buffers(self, qo, kvp, kvl):
         """Graph mode: the plan's index arrays into the constructor's buffers that hold them,
         as FlashInfer's plan fills them."""
@@ -379,13 +414,18 @@ class BatchMLAPagedAttentionWrapper:
 
     def _build(self, num_pages, p):
         """(Re-)plans problem ``p`` for a pool of ``num_pages`` pages."""
-        self._step = None  # parsed from the last build's fields, which this one may change
         if p["batch"] <= 0:
+            self._step = None
             # An empty batch (SGLang's idle step): nothing to plan or compute, and no Problem
             # tuple for the next replan_step() to reuse.
             self._planned_pages = num_pages
             self._args = None
             return
+        if p["qo"] is None:  # planned by _replan_step_host: its arrays are the step's copies
+            qo, kvp, kvl = (host_i32(x, n) for x, n in zip(
+                self._step.arrays(), ("qo_indptr", "kv_indptr", "kv_len_arr")))
+            p.update(qo=qo, kvp=kvp, kvl=kvl)
+        self._step = None  # parsed from the last build's fields, which this one may change
         kind, index = self._device
         args = _problem_args(p["qo"], p["kvp"], p["kvi"], p["kvl"], p["num_heads"],
                              p["page_size"], num_pages, p["sm_scale"], p["fmt"], p["causal"],

@@ -278,3 +278,7 @@ def test_any_scale_ratio(rng):
     anyr = cases.make_wrapper(DEVICE, any_scale_ratio=True, **graph_kw)
     cases.plan_batch(anyr, b, 16, False, 2.5, "fp8_e4m3", DEVICE)
     run(anyr)
+
+
+def test_replan_step_host_tensors(rng):
+    cases.case_replan_step_host_tensors(rng, DEVICE)

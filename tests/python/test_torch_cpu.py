@@ -76,3 +76,7 @@ def test_graph_buffers_take_host_index_arrays():
                                          "fewer than the 3 planned"):
         copy_into(dst[:2], np.zeros(3, np.int32), "kv_len_arr")
     assert dst.tolist() == [9, 9, 4, -5, -5, -5, -5, -5]
+
+
+def test_replan_step_host_tensors(rng):
+    cases.case_replan_step_host_tensors(rng, DEVICE)

@@ -2,6 +2,7 @@
 test_gpu.py (CUDA tensors, CUDA backend). Each takes the torch device to run on."""
 
 import numpy as np
+import pytest
 import torch
 
 import fp8mla
@@ -233,3 +234,68 @@ def case_cache(rng, device):
     ro, _ = ref.attention(q, pool, [0, 1], [0, 4], np.asarray(pages), [13], 4, False,
                           np.float32(0.1))
     ref.check_attention(bits(o), None, ro, None, "cache", device, pool)
+
+
+def case_replan_step_host_tensors(rng, device):
+    """replan_step() with host int32 torch tensors (the SGLang backend's case, which the native
+    module reads by address): each step matches the reference of its batch even though the
+    caller overwrites its tensors right after the call; a run over a larger pool re-plans from
+    the plan's own copies, not from those overwritten tensors; a refused step keeps the last
+    plan and its arrays; other tensors (int64, strided) take the general path to the same
+    result."""
+    heads, ps, small, large = 8, 16, 30, 60
+    data, pool = ref.make_pool(rng, "fp8_e4m3", large, ps)
+    ckv, kpe = torch_cache(data, "fp8_e4m3", device)
+    table = torch.zeros(64, dtype=torch.int32, device=device)
+    w = make_wrapper(device, use_cuda_graph=True, kv_indices=table, num_pages=small,
+                     max_batch=4)
+    host = lambda a: torch.tensor(np.asarray(a), dtype=torch.int32)  # noqa: E731  (a copy)
+
+    def run_and_check(b, what, view=small):
+        q_bits, q = ref.random_q(rng, b.total_q, heads)
+        qt = bf16(q_bits, device)
+        o = w.run(qt[:, :, :512], qt[:, :, 512:], ckv[:view], kpe[:view], ckv_scale=1.0,
+                  kpe_scale=1.0)
+        ro, _ = ref.attention(q, pool, b.qo_indptr, b.kv_indptr, b.kv_indices, b.kv_len, ps,
+                              False, np.float32(0.0625))
+        ref.check_attention(bits(o), None, ro, None, what, device, pool)
+
+    def batch(lens, pages=small):
+        b = ref.Batch(rng, lens, [1] * len(lens), ps, num_pages=pages)
+        table[: len(b.kv_indices)] = torch.from_numpy(b.kv_indices).to(device)
+        return b
+
+    b = batch([100, 7, 230])
+    plan_batch(w, b, heads, False, 0.0625, "fp8_e4m3", device)
+    run_and_check(b, "plan()")
+    for step, lens in enumerate([[33, 190, 5, 64], [1, 300], [250, 2, 17]]):
+        b = batch(lens)
+        qo, kvp, kvl = host(b.qo_indptr), host(b.kv_indptr), host(b.kv_len)
+        w.replan_step(qo, kvp, kvl)
+        for t in (qo, kvp, kvl):
+            t.fill_(-7)  # the engine reuses its buffers for the next batch
+        run_and_check(b, f"replan_step {step}, the caller's tensors overwritten")
+    # A run over the larger pool re-plans for it from the last step's arrays.
+    run_and_check(b, "re-planned for the larger pool after replan_step", view=large)
+    # A refused step (more tokens than the listed pages hold) leaves the last plan and arrays.
+    bad = batch([40, 40, 40])
+    too_long = host(bad.kv_len)
+    too_long[1] = ps * int(bad.kv_indptr[2] - bad.kv_indptr[1]) + 1
+    with pytest.raises(ValueError, match="kv_len"):
+        w.replan_step(host(bad.qo_indptr), host(bad.kv_indptr), too_long)
+    with pytest.raises(ValueError, match="^kv_indptr"):
+        w.replan_step(host(bad.qo_indptr), host(bad.kv_indptr)[:-1], host(bad.kv_len))
+    table[: len(b.kv_indices)] = torch.from_numpy(b.kv_indices).to(device)
+    run_and_check(b, "the step before the refused ones", view=small)
+    run_and_check(b, "the step before the refused ones, larger pool", view=large)
+    # int64 and strided host tensors: the general path, the same answers.
+    for form in ("int64", "strided"):
+        b = batch([70, 3, 129], pages=large)
+        if form == "int64":
+            args = [torch.from_numpy(np.asarray(a, np.int64)) for a in
+                    (b.qo_indptr, b.kv_indptr, b.kv_len)]
+        else:
+            args = [host(np.repeat(a, 2))[::2] for a in (b.qo_indptr, b.kv_indptr, b.kv_len)]
+            assert not args[0].is_contiguous()
+        w.replan_step(*args)
+        run_and_check(b, f"replan_step with {form} host tensors", view=large)
