@@ -45,7 +45,8 @@ for bs, ctx, ps in [(1, 4096, 1), (64, 32768, 1), (128, 32768, 1), (128, 4096, 6
     print(f"bs {bs} ctx {ctx} page {ps}")
     print("  replan_step        ", stats(lambda: w.replan_step(qo, kvp, kvl)))
     print("  host_i32 x3        ", stats(lambda: (T.host_i32(qo, 'a'), T.host_i32(kvp, 'b'), T.host_i32(kvl, 'c'))))
-    print("  host_i32_address x3", stats(lambda: (T.host_i32_address(qo), T.host_i32_address(kvp), T.host_i32_address(kvl))))
+    if hasattr(T, "host_i32_address"):  # absent from packages before f7460cf (A/B runs)
+        print("  host_i32_address x3", stats(lambda: (T.host_i32_address(qo), T.host_i32_address(kvp), T.host_i32_address(kvl))))
     p = w._problem
     print("  for_ext(borrowed)  ", stats(lambda: T.for_ext(p["borrowed"])))
     print("  current_stream     ", stats(lambda: w._plan_stream(p)))
@@ -56,9 +57,11 @@ for bs, ctx, ps in [(1, 4096, 1), (64, 32768, 1), (128, 32768, 1), (128, 4096, 6
         args = (q2, k2, None, l2) + last[4:-1] + (T.for_ext(p["borrowed"]),)
         W._ext.replan_on_stream(w._plan, args, stream)
     print("  ext.replan_on_stream", stats(ext_only))
-    addr = [T.host_i32_address(x) for x in (qo, kvp, kvl)]
-    print("  ext.replan_step_host", stats(lambda: W._ext.replan_step_host(
-        w._plan, w._step, addr[0][0], addr[1][0], addr[2][0], bs, stream or 0, stream is not None)))
+    if hasattr(W._ext, "replan_step_host"):
+        addr = [T.host_i32_address(x) for x in (qo, kvp, kvl)]
+        print("  ext.replan_step_host", stats(lambda: W._ext.replan_step_host(
+            w._plan, w._step, addr[0][0], addr[1][0], addr[2][0], bs, stream or 0,
+            stream is not None)))
     torch.cuda.synchronize()
 cProfile.run("for _ in range(2000): w.replan_step(qo, kvp, kvl)", "/tmp/prof")
 pstats.Stats("/tmp/prof").sort_stats("tottime").print_stats(12)
