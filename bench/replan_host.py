@@ -1,5 +1,6 @@
 """Host time of BatchMLAPagedAttentionWrapper.replan_step (the SGLang plugin's per-step re-plan)
-on a CUDA device, whole and in parts, per case: min / median / p90 over 300 calls. The parts
+on a CUDA device, whole and in parts, per case: min / median / p90 over 300 calls ("general":
+replan_step with the address path for host torch tensors turned off, in the same process). The parts
 read the wrapper's internals (its last Problem tuple, the native module), so this is a
 diagnostic of this tree, not an API example.
 
@@ -44,6 +45,10 @@ for bs, ctx, ps in [(1, 4096, 1), (64, 32768, 1), (128, 32768, 1), (128, 4096, 6
            kv_cache_layout="split")
     print(f"bs {bs} ctx {ctx} page {ps}")
     print("  replan_step        ", stats(lambda: w.replan_step(qo, kvp, kvl)))
+    if hasattr(T, "host_i32_address"):  # the same calls on the general path (host_i32 copies)
+        W.host_i32_address = lambda x: None
+        print("  replan_step general", stats(lambda: w.replan_step(qo, kvp, kvl)))
+        W.host_i32_address = T.host_i32_address
     print("  host_i32 x3        ", stats(lambda: (T.host_i32(qo, 'a'), T.host_i32(kvp, 'b'), T.host_i32(kvl, 'c'))))
     if hasattr(T, "host_i32_address"):  # absent from packages before f7460cf (A/B runs)
         print("  host_i32_address x3", stats(lambda: (T.host_i32_address(qo), T.host_i32_address(kvp), T.host_i32_address(kvl))))
