@@ -15,6 +15,7 @@ import torch
 
 import fp8mla
 from fp8mla import _tensors as T
+from fp8mla import _replan_step as R
 from fp8mla import wrapper as W
 
 dev = torch.device("cuda")
@@ -46,9 +47,9 @@ for bs, ctx, ps in [(1, 4096, 1), (64, 32768, 1), (128, 32768, 1), (128, 4096, 6
     print(f"bs {bs} ctx {ctx} page {ps}")
     print("  replan_step        ", stats(lambda: w.replan_step(qo, kvp, kvl)))
     if hasattr(T, "host_i32_address"):  # the same calls on the general path (host_i32 copies)
-        W.host_i32_address = lambda x: None
+        R.host_i32_address = lambda x: None
         print("  replan_step general", stats(lambda: w.replan_step(qo, kvp, kvl)))
-        W.host_i32_address = T.host_i32_address
+        R.host_i32_address = T.host_i32_address
     print("  host_i32 x3        ", stats(lambda: (T.host_i32(qo, 'a'), T.host_i32(kvp, 'b'), T.host_i32(kvl, 'c'))))
     if hasattr(T, "host_i32_address"):  # absent from packages before f7460cf (A/B runs)
         print("  host_i32_address x3", stats(lambda: (T.host_i32_address(qo), T.host_i32_address(kvp), T.host_i32_address(kvl))))

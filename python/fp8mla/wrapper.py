@@ -11,7 +11,7 @@ cannot serve, ValueError for an invalid one); docs/python.md lists every differe
 import math
 
 from . import _fp8mla as _ext
-from . import _registry
+from . import _registry, _replan_step
 from ._flashinfer_args import (
     FLASHINFER_BACKENDS,
     OWN_BACKENDS,
@@ -35,7 +35,6 @@ from ._tensors import (
     empty,
     for_ext,
     host_i32,
-    host_i32_address,
     is_capturing,
     is_torch,
     length,
@@ -334,74 +333,7 @@ class BatchMLAPagedAttentionWrapper:
         (what the SGLang backend passes) are copied by the native module from their addresses,
         without a Python copy or a DLPack import. Needs a graph-mode wrapper with that buffer and
         a plan() made first; on CUDA it is stream-ordered, as plan() is there."""
-        p = self._problem
-        if not self._use_cuda_graph or p is None or p["borrowed"] is None:
-            raise RuntimeError("replan_step() needs a graph-mode wrapper constructed with a "
-                               "kv_indices buffer and a plan() made first")
-        if self._replan_step_host(p, qo_indptr, kv_indptr, kv_len_arr):
-            return
-        try:
-            qo = host_i32(qo_indptr, "qo_indptr")
-            kvp = host_i32(kv_indptr, "kv_indptr")
-            kvl = host_i32(kv_len_arr, "kv_len_arr")
-        except ValueError as e:
-            raise renamed(e) from None
-        batch = length(kvl)
-        for name, a in (("qo_indptr", qo), ("kv_indptr", kvp)):
-            if length(a) != batch + 1:
-                raise ValueError(f"{name}: expected len(kv_len_arr) + 1 = {batch + 1} entries, "
-                                 f"got {length(a)}")
-        problem = dict(p, qo=qo, kvp=kvp, kvl=kvl, batch=batch, total_q=int(qo[batch]),
-                       n_pages=int(kvp[batch]))
-        pages = self._num_pages if self._num_pages is not None else self._planned_pages
-        last = self._args
-        try:
-            if last is not None and batch > 0 and pages == self._planned_pages:
-                # Only the three arrays changed: the other entries of the last build's Problem
-                # tuple were converted and checked then, and are parsed once, into a
-                # StepProblem (with the borrowed table's DLPack import) that every step reuses.
-                if self._step is None:
-                    self._step = _ext.StepProblem(
-                        (qo, kvp, None, kvl) + last[4:-1] + (for_ext(p["borrowed"]),))
-                stream = self._plan_stream(problem)
-                _ext.replan_step(self._plan, self._step, qo, kvp, kvl, stream or 0,
-                                 stream is not None)
-            else:
-                self._build(pages, problem)
-        except ValueError as e:
-            raise renamed(e) from None
-        self._problem = problem
-        self._fill_graph_buffers(qo, kvp, kvl)
-
-    def _replan_step_host(self, p, qo_indptr, kv_indptr, kv_len_arr):
-        """replan_step()'s path for the engines' case, three contiguous CPU int32 torch tensors
-        of consistent lengths over the last build's Problem: the native module copies them from
-        their addresses (no Python copy, no DLPack import). False when it does not apply."""
-        a = host_i32_address(qo_indptr)
-        b = host_i32_address(kv_indptr)
-        c = host_i32_address(kv_len_arr)
-        if a is None or b is None or c is None:
-            return False
-        batch = c[1]
-        pages = self._num_pages if self._num_pages is not None else self._planned_pages
-        if (a[1] != batch + 1 or b[1] != batch + 1 or batch == 0 or self._args is None
-                or pages != self._planned_pages):
-            return False  # the general path's errors and re-builds
-        if self._step is None:
-            self._step = _ext.StepProblem(
-                (None, None, None, None) + self._args[4:-1] + (for_ext(p["borrowed"]),))
-        stream = self._plan_stream(p)
-        try:
-            total_q, n_pages = _ext.replan_step_host(
-                self._plan, self._step, a[0], b[0], c[0], batch, stream or 0, stream is not None)
-        except ValueError as e:
-            raise renamed(e) from None
-        # The arrays of this plan are the step's copies (read back only if a later build needs
-        # them): the caller may rewrite its tensors.
-        self._problem = dict(p, qo=None, kvp=None, kvl=None, batch=batch, total_q=total_q,
-                             n_pages=n_pages)
-        self._fill_graph_buffers(qo_indptr, kv_indptr, kv_len_arr)
-        return True
+        _replan_step.replan_step(self, qo_indptr, kv_indptr, kv_len_arr)
 
     def _fill_graph_buffers(self, qo, kvp, kvl):
         """Graph mode: the plan's index arrays into the constructor's buffers that hold them,
