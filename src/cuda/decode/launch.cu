@@ -176,8 +176,13 @@ void cuda_run(PlanState& plan, const RunArgs& args) {
   // stays valid when replan() changes the tile count.
   const std::int64_t grid = b.graph ? b.cap_tiles : b.num_tiles;
   KernelEntry k = kernel_entry(plan.family, kv.format, b.row_tiles, plan.device_id);
-  if ((p.q_f16 || p.out_f16) && k.half_fn != nullptr) k.fn = k.half_fn;
-  if (plan.kernel_rows <= 8 && k.rows8_fn != nullptr) k.fn = k.rows8_fn;
+  // One instantiation a plan: fp16 plans of a family that builds them apart take half_fn at any
+  // row count (rows8_fn serves what fn serves); other plans of <= 8-row tiles take rows8_fn.
+  if ((p.q_f16 || p.out_f16) && k.half_fn != nullptr) {
+    k.fn = k.half_fn;
+  } else if (plan.kernel_rows <= 8 && k.rows8_fn != nullptr) {
+    k.fn = k.rows8_fn;
+  }
   if (k.tensor_maps && grid > 0) {
     const int element = kv.format == KvFormat::bf16 ? 2 : 1;  // bytes
     encode_page_map(p.ckv_map, p.ckv, 512 * element, plan.page_size, plan.num_pages,

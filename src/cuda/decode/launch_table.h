@@ -21,7 +21,8 @@ struct KernelEntry {
   // conversion; nullptr: fn serves every dtype.
   DecodeFn half_fn = nullptr;
   // The kernel run() launches when every tile of the plan has at most 8 rows (plan.kernel_rows),
-  // for families that build one (same smem, threads and registers); nullptr: fn serves them.
+  // for families that build one (same smem, threads and registers); nullptr: fn serves them. It
+  // serves the dtypes fn serves: a family with a half_fn runs fp16 plans on half_fn at any rows.
   DecodeFn rows8_fn = nullptr;
 };
 
