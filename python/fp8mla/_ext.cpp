@@ -210,7 +210,7 @@ NB_MODULE(_fp8mla, m) {
           [](StepProblem* t, const nb::tuple& problem) {
             ProblemArgs pa;
             fill_problem(pa, problem);
-            new (t) StepProblem{std::move(pa)};
+            new (t) StepProblem{std::move(pa), {}, {}, {}};
           },
           "problem"_a)
       .def(
