@@ -27,6 +27,10 @@
 #                       cast-pool way (on FlashInfer's fa3 when .device_carry/flashinfer came
 #                       along) and the gathered cast, in CUDA graphs, and extend chunks (STEP_ARGS
 #                       replaces its default grid)
+#   dsa_step            bench/sglang_dsa_step.py: one DSA decode step (top-k sparse attention of
+#                       every layer over the 656-byte pool) the plugin's way against SGLang's
+#                       FlashMLA way (heads padded to 64) when .device_carry/flashmla came along
+#                       (DSA_STEP_ARGS replaces its grid)
 #   peers               the peer benchmark (bench/peers) when FlashInfer's carry came along
 #   traces              CUDA traces of the three strategies, as tests/audit/traces/cuda holds them
 #   sanitize_portable   memcheck and racecheck of the portable kernels on a small grid
@@ -44,7 +48,7 @@ bin=${BIN:-.device_carry/bin}
 export LD_LIBRARY_PATH=$PWD/$bin:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 t=$bin/fp8mla_tests
 f=$bin/fp8mla
-steps=${STEPS:-tests memcheck racecheck stress portable sparse bench python port sglang step peers traces sanitize_portable}
+steps=${STEPS:-tests memcheck racecheck stress portable sparse bench python port sglang step dsa_step peers traces sanitize_portable}
 left() { echo $((${LIMIT:-580} - SECONDS)); }
 section() { echo "== $* ($(left) s left)"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
@@ -148,6 +152,14 @@ for step in $steps; do
         ${STEP_ARGS:---layers 61 --page-size 1 64 --batch 1 16 64 128 --ctx 4096 32768 --extend --pool-tokens 1500000} \
         --json "$out/bench_sglang_step.json" > "$out/bench_sglang_step.txt" 2>&1
       echo "rc=$?"; tail -30 "$out/bench_sglang_step.txt" ;;
+    dsa_step)
+      if [ ! -d "$pkg" ] || [ "$(left)" -lt 90 ]; then echo "dsa_step skipped"; continue; fi
+      section "SGLang DSA decode step: plugin vs FlashMLA"
+      PYTHONPATH=$PWD/.device_carry/flashmla:$pkg PYTHONUNBUFFERED=1 timeout $(($(left) - 30)) \
+        python3 bench/sglang_dsa_step.py \
+        ${DSA_STEP_ARGS:---layers 61 78 --heads 8 16 64 128 --batch 1 16 64 128 --topk 2048} \
+        --json "$out/bench_sglang_dsa_step.json" > "$out/bench_sglang_dsa_step.txt" 2>&1
+      echo "rc=$?"; grep -E "^dsa|^fp8mla|Error|off" "$out/bench_sglang_dsa_step.txt" | cut -c1-200 ;;
     peers)
       if [ -d .device_carry/flashinfer ] && [ "$(left)" -gt 150 ]; then
         section "peers"
