@@ -55,7 +55,7 @@ import sys
 import torch
 
 import fp8mla
-from fp8mla.sglang.sparse import SparsePlans
+from fp8mla.sglang.sparse import SparsePlans, decode_rows
 from sglang_step import host_us, rel_l2, timed
 
 SM_SCALE = 1.0 / math.sqrt(192)  # DeepSeek's 1 / sqrt(qk_nope 128 + qk_rope 64)
@@ -128,19 +128,6 @@ def fill_rows(dst, fmt, x):
     rows[:, :512].view(torch.float8_e4m3fn).copy_(codes.reshape(n, 512))
     rows[:, 512:528].view(torch.float32).copy_(scale)
     rows[:, 528:].view(torch.bfloat16).copy_(x[:, 512:].to(torch.bfloat16))
-
-
-def decode_rows(rows, fmt):
-    """float64 [n, 576]: the values pool rows [n, row] (CPU) hold; the block format's code x
-    scale exact."""
-    if fmt == "bf16":
-        return rows.double()
-    if fmt == "fp8_e4m3":
-        return rows.view(torch.float8_e4m3fn).double()
-    codes = rows[:, :512].contiguous().view(torch.float8_e4m3fn).double().view(-1, 4, 128)
-    scale = rows[:, 512:528].contiguous().view(torch.float32).double()
-    rope = rows[:, 528:].contiguous().view(torch.bfloat16).double()
-    return torch.cat([(codes * scale[..., None]).reshape(-1, 512), rope], 1)
 
 
 class Pools:

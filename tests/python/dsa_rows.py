@@ -8,9 +8,14 @@ Triton kernels on CPU tensors for test_sglang_dsa.py.
                   and stores e4m3(x * (1 / scale)), no power of two
   fp8_e4m3        576 e4m3 codes, the latent cast unscaled (SGLang's raw FP8 layout)
   bf16            576 bf16 values
+
+decode_rows (float64 values of such rows) is the package's fp8mla.sglang.sparse.decode_rows,
+re-exported here.
 """
 
 import torch
+
+from fp8mla.sglang.sparse import decode_rows  # noqa: F401 (re-exported for the tests)
 
 
 def encode_rows(k, fmt):
@@ -25,19 +30,6 @@ def encode_rows(k, fmt):
     codes = (nope * (1.0 / scale)[..., None]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
     return torch.cat([codes.view(torch.uint8).reshape(-1, 512), scale.view(torch.uint8),
                       k[:, 512:].to(torch.bfloat16).contiguous().view(torch.uint8)], 1)
-
-
-def decode_rows(rows, fmt):
-    """float64 [n, 576]: the values rows of `fmt` hold (the block format's code x scale exact)."""
-    rows = rows.cpu()
-    if fmt == "bf16":
-        return rows.double()
-    if fmt == "fp8_e4m3":
-        return rows.view(torch.float8_e4m3fn).double()
-    codes = rows[:, :512].contiguous().view(torch.float8_e4m3fn).double().view(-1, 4, 128)
-    scale = rows[:, 512:528].contiguous().view(torch.float32).double()
-    rope = rows[:, 528:].contiguous().view(torch.bfloat16).double()
-    return torch.cat([(codes * scale[..., None]).view(-1, 512), rope], 1)
 
 
 def sparse_reference(q, kv, slots, sm_scale):

@@ -117,3 +117,8 @@ def test_cuda_graph_replays_rewritten_indices(fmt, gen):
         torch.cuda.synchronize()
         check(out, sparse_reference(q, kv, slots, SCALE), f"{fmt} replay {replay}")
     assert not plans._recent  # no plan was made after the capture
+
+
+def test_decode_rows_names_an_unknown_format():
+    with pytest.raises(ValueError, match="^kv_format: .*got 'fp8'"):
+        decode_rows(torch.zeros(1, 576, dtype=torch.uint8), "fp8")

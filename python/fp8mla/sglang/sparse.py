@@ -102,3 +102,22 @@ class SparsePlans:
         for a, b in self._chunks(rows):
             plan = self.get(b - a, heads, topk, sm_scale, like=q_nope)
             plan.run(q_nope[a:b], q_pe[a:b], ckv, kpe, out[a:b], slots[a:b], **scales)
+
+
+def decode_rows(rows, kv_format):
+    """float64 [n, 576]: the values that pool rows [n, row bytes] of `kv_format` hold, as the
+    sparse plans read them (fp8_e4m3_block: each 128-code group times its float32 scale, exact in
+    float64; fp8_e4m3: the codes, unit scale; bf16). A plain reference for checks (tests, the
+    DSA step bench), on the host."""
+    rows = rows.cpu()
+    if kv_format == "bf16":
+        return rows.view(torch.bfloat16).double()
+    if kv_format == "fp8_e4m3":
+        return rows.view(torch.float8_e4m3fn).double()
+    if kv_format != "fp8_e4m3_block":
+        raise ValueError(f"kv_format: expected fp8_e4m3_block, fp8_e4m3 or bf16, got {kv_format!r}")
+    rows = rows.view(torch.uint8)
+    codes = rows[:, :512].contiguous().view(torch.float8_e4m3fn).double().view(-1, 4, 128)
+    scale = rows[:, 512:528].contiguous().view(torch.float32).double()
+    rope = rows[:, 528:].contiguous().view(torch.bfloat16).double()
+    return torch.cat([(codes * scale[..., None]).reshape(-1, 512), rope], 1)
