@@ -42,6 +42,9 @@ Usage on the device (the carried fp8mla package and FlashMLA on PYTHONPATH):
     PYTHONPATH=.device_carry/fp8mla_py:.device_carry/flashmla python bench/sglang_dsa_step.py \\
         --layers 61 --heads 8 16 --batch 1 16 64 128 --topk 2048 \\
         --json bench/results/h100_sglang_dsa_step.json
+Extend chunks (SGLang's DSA extend on Hopper over an FP8 pool runs the same FlashMLA decode
+kernel, each query token a row): --layers 1 --batch 1024 4096 --context 32768, the chunk's
+tokens selecting from one request's 32K tokens.
 On a CPU (the smoke test, tests/python/test_bench_sglang_dsa_step.py): --device cpu --no-graph
 with tiny sizes checks the plugin against the float64 reference and writes the JSON.
 """
@@ -77,6 +80,11 @@ def parse():
                    help="query heads a GPU (8: GLM-5, 16: DeepSeek-V3.2, at TP8)")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64, 128])
     p.add_argument("--topk", type=int, nargs="+", default=[2048])
+    p.add_argument("--context", type=int, default=0,
+                   help="draw every row's slots from one window of this many pool tokens (one "
+                        "request's context: an extend chunk's query tokens, --batch of them, "
+                        "select from the same tokens); 0: the whole pool, rows disjoint where it "
+                        "holds them")
     p.add_argument("--pool-tokens", type=int, default=0,
                    help="tokens of each layer's pool (rounded up to a multiple of 64); default "
                         f"max({MIN_POOL_TOKENS}, 2 x the largest batch x topk)")
@@ -168,10 +176,14 @@ class Pools:
         return pool[..., :512], pool[..., 512:]
 
 
-def top_k_rows(gen, dev, batch, topk, tokens):
+def top_k_rows(gen, dev, batch, topk, tokens, context=0):
     """int32 [batch, topk] global slots: distinct within a row (disjoint rows when the pool
-    holds batch x topk tokens, as requests own their tokens), about INVALID_FRAC of them -1."""
-    if batch * topk <= tokens:
+    holds batch x topk tokens, as requests own their tokens; with `context`, all from one
+    window of that many tokens at a random place), about INVALID_FRAC of them -1."""
+    if context:
+        base = int(torch.randint(0, tokens - context + 1, (1,), generator=gen, device=dev))
+        rows = torch.rand(batch, context, generator=gen, device=dev).topk(topk, 1).indices + base
+    elif batch * topk <= tokens:
         rows = torch.randperm(tokens, generator=gen, device=dev)[:batch * topk].view(batch, topk)
     else:
         rows = torch.rand(batch, tokens, generator=gen, device=dev).argsort(1)[:, :topk]
@@ -189,7 +201,7 @@ class Case:
         gen = torch.Generator(device=dev).manual_seed(a.seed + 7919 * batch + 104729 * heads)
         self.q = torch.randn(layers, batch, heads, 576, generator=gen,
                              device=dev).to(torch.bfloat16)
-        self.slots = torch.stack([top_k_rows(gen, dev, batch, topk, pools.tokens)
+        self.slots = torch.stack([top_k_rows(gen, dev, batch, topk, pools.tokens, a.context)
                                   for _ in range(layers)])
         self.out = torch.empty(layers, batch, heads, 512, dtype=torch.bfloat16, device=dev)
         self.out_fm = torch.empty_like(self.out)
@@ -287,6 +299,12 @@ def reference_rel_l2(case, out, layers, tokens):
     return rel_l2(torch.stack(got), torch.stack(want))
 
 
+def slot_span(slots):
+    """The widest range of pool tokens one layer's slots span (-1 entries left out)."""
+    spans = [int(v.max() - v.min()) + 1 for v in (layer[layer >= 0] for layer in slots)]
+    return max(spans)
+
+
 def synced(dev, fn):
     """fn, then a device synchronize where eager CUDA timing needs one."""
     if dev.type != "cuda":
@@ -355,6 +373,7 @@ def run_case(a, dev, pools, fm, fm_desc, layers, heads, batch, topk):
         fm_ms = timed(a, case, synced(dev, fm_layers) if eager_cuda else fm_layers)
     hp = padded_heads(heads) if fm_layers is not None else None
     row = dict(kind="dsa", layers=layers, heads=heads, batch=batch, topk=topk, qo_len=1,
+               context=a.context, slot_span=slot_span(case.slots),
                kv_format=pools.fmt, pool_tokens=pools.tokens, distinct_pools=pools.distinct,
                invalid_frac=INVALID_FRAC, graph=dev.type == "cuda" and not a.no_graph,
                iters=a.iters, plan_host_us=round(plan_us, 1),
@@ -373,14 +392,19 @@ def run_case(a, dev, pools, fm, fm_desc, layers, heads, batch, topk):
         fm_text = f"{label} {fm_ms:9.3f} ms  {fm_ms / step:6.3f}x"
         errs = (f"(rel L2 {err:.1e} vs flashmla; vs f64 ref: plugin {ref_err:.1e}, "
                 f"flashmla {fm_ref_err:.1e})")
-    print(f"dsa  L={layers:3d} heads={heads:3d} bs={batch:4d} topk={topk:5d}  plan "
+    ctx = f" ctx={a.context:6d}" if a.context else ""
+    print(f"dsa  L={layers:3d} heads={heads:3d} bs={batch:4d} topk={topk:5d}{ctx}  plan "
           f"{plan_us:7.1f} us  plugin {step:9.3f} ms  {fm_text}  {errs}", flush=True)
     return row
 
 
 def pool_tokens(a):
-    tokens = a.pool_tokens or max(MIN_POOL_TOKENS, 2 * max(a.batch) * max(a.topk))
+    rows = a.context if a.context else max(a.batch) * max(a.topk)
+    tokens = a.pool_tokens or max(MIN_POOL_TOKENS, 2 * rows)
     tokens = -(-tokens // PAGE) * PAGE
+    if a.context and not max(a.topk) <= a.context <= tokens:
+        raise SystemExit(f"--context {a.context}: expected topk {max(a.topk)} to the pool's "
+                         f"{tokens} tokens")
     if tokens < max(a.topk):
         raise SystemExit(f"--pool-tokens {tokens}: fewer than topk {max(a.topk)} (a row's "
                          "slots are distinct)")

@@ -30,7 +30,8 @@
 #   dsa_step            bench/sglang_dsa_step.py: one DSA decode step (top-k sparse attention of
 #                       every layer over the 656-byte pool) the plugin's way against SGLang's
 #                       FlashMLA way (heads padded to 64) when .device_carry/flashmla came along
-#                       (DSA_STEP_ARGS replaces its grid)
+#                       (DSA_STEP_ARGS replaces its grid), then extend chunks of one request
+#                       (DSA_EXTEND_ARGS)
 #   peers               the peer benchmark (bench/peers) when FlashInfer's carry came along
 #   traces              CUDA traces of the three strategies, as tests/audit/traces/cuda holds them
 #   sanitize_portable   memcheck and racecheck of the portable kernels on a small grid
@@ -159,7 +160,14 @@ for step in $steps; do
         python3 bench/sglang_dsa_step.py \
         ${DSA_STEP_ARGS:---layers 61 78 --heads 8 16 64 128 --batch 1 16 64 128 --topk 2048} \
         --json "$out/bench_sglang_dsa_step.json" > "$out/bench_sglang_dsa_step.txt" 2>&1
-      echo "rc=$?"; grep -E "^dsa|^fp8mla|Error|off" "$out/bench_sglang_dsa_step.txt" | cut -c1-200 ;;
+      echo "rc=$?"; grep -E "^dsa|^fp8mla|Error|off" "$out/bench_sglang_dsa_step.txt" | cut -c1-200
+      if [ "$(left)" -gt 90 ]; then  # extend chunks: one layer, the tokens of one request's 32K
+        PYTHONPATH=$PWD/.device_carry/flashmla:$pkg PYTHONUNBUFFERED=1 timeout $(($(left) - 30)) \
+          python3 bench/sglang_dsa_step.py \
+          ${DSA_EXTEND_ARGS:---layers 1 --heads 8 16 64 128 --batch 1024 4096 --topk 2048 --context 32768} \
+          --json "$out/bench_sglang_dsa_extend.json" > "$out/bench_sglang_dsa_extend.txt" 2>&1
+        echo "rc=$?"; grep -E "^dsa|Error|off" "$out/bench_sglang_dsa_extend.txt" | cut -c1-200
+      fi ;;
     peers)
       if [ -d .device_carry/flashinfer ] && [ "$(left)" -gt 150 ]; then
         section "peers"

@@ -16,11 +16,11 @@ pytest.importorskip("torch")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-KEYS = {"kind", "layers", "heads", "batch", "topk", "qo_len", "kv_format", "pool_tokens",
-        "distinct_pools", "invalid_frac", "graph", "iters", "plan_host_us", "plugin_layers_ms",
-        "plugin_step_ms", "flashmla_step_ms", "flashmla_heads", "speedup", "rel_l2",
-        "ref_rel_l2", "flashmla_ref_rel_l2", "ref_rows", "flashmla", "flashmla_absent",
-        "flashmla_cache_dtype"}
+KEYS = {"kind", "layers", "heads", "batch", "topk", "qo_len", "context", "slot_span",
+        "kv_format", "pool_tokens", "distinct_pools", "invalid_frac", "graph", "iters",
+        "plan_host_us", "plugin_layers_ms", "plugin_step_ms", "flashmla_step_ms", "flashmla_heads",
+        "speedup", "rel_l2", "ref_rel_l2", "flashmla_ref_rel_l2", "ref_rows", "flashmla",
+        "flashmla_absent", "flashmla_cache_dtype"}
 
 
 def test_dsa_step_bench_runs_and_the_plugin_matches_the_reference(tmp_path):
@@ -48,3 +48,19 @@ def test_dsa_step_bench_runs_and_the_plugin_matches_the_reference(tmp_path):
             assert r[key] is None, key
         assert "not CUDA" in r["flashmla_absent"]
     assert done.stdout.count("flashmla absent") == len(rows)
+
+
+def test_rows_from_one_context_window(tmp_path):
+    """--context: an extend chunk's query tokens (one request's) select from one window of the
+    pool: a layer's slots span at most that many tokens (where the whole pool's rows span
+    more), and the plugin still matches the float64 reference."""
+    out = tmp_path / "dsa_ctx.json"
+    cmd = [sys.executable, os.path.join(ROOT, "bench", "sglang_dsa_step.py"), "--device", "cpu",
+           "--no-graph", "--layers", "1", "--heads", "8", "--batch", "6", "--topk", "64",
+           "--context", "96", "--pool-tokens", "512", "--iters", "1", "--json", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["context"] == 96 and row["pool_tokens"] == 512 and row["ref_rel_l2"] < 1e-2
+    assert 64 <= row["slot_span"] <= 96
+    assert "ctx=    96" in done.stdout
