@@ -2,7 +2,8 @@
 on a CUDA device, whole and in parts, per case: min / median / p90 over 300 calls ("general":
 replan_step with the address path for host torch tensors turned off, in the same process). The parts
 read the wrapper's internals (its last Problem tuple, the native module), so this is a
-diagnostic of this tree, not an API example.
+diagnostic of this tree, not an API example. Last, per case, the host time of the SGLang
+backend's page-table fill (fp8mla.sglang.backend.PageTable.fill), the step's other host work.
 
     PYTHONPATH=<fp8mla package> python bench/replan_host.py
 """
@@ -16,6 +17,7 @@ import torch
 import fp8mla
 from fp8mla import _tensors as T
 from fp8mla import wrapper as W
+from fp8mla.sglang.backend import PageTable
 
 dev = torch.device("cuda")
 
@@ -68,6 +70,14 @@ for bs, ctx, ps in [(1, 4096, 1), (64, 32768, 1), (128, 32768, 1), (128, 4096, 6
         print("  ext.replan_step_host", stats(lambda: W._ext.replan_step_host(
             w._plan, w._step, addr[0][0], addr[1][0], addr[2][0], bs, stream or 0,
             stream is not None)))
+    # The plugin's other per-step host work: its page table, built on the device from SGLang's
+    # req_to_token rows (int32) and req_pool_indices (int64), from the host lengths.
+    max_ctx = pages_per * ps + ps
+    req_to_token = torch.arange(bs * max_ctx, dtype=torch.int32, device=dev).view(bs, max_ctx)
+    rows = torch.arange(bs, dtype=torch.int64, device=dev)
+    pt = PageTable(n_pages + bs, ps, dev)
+    lens = torch.full((bs,), ctx, dtype=torch.int32)
+    print("  PageTable.fill     ", stats(lambda: pt.fill(req_to_token, rows, lens)))
     torch.cuda.synchronize()
 cProfile.run("for _ in range(2000): w.replan_step(qo, kvp, kvl)", "/tmp/prof")
 pstats.Stats("/tmp/prof").sort_stats("tottime").print_stats(12)
