@@ -15,7 +15,7 @@
 #   sparse              fp8mla bench --sparse: the sparse top-k grid (SPARSE_ARGS, e.g. --quick)
 #   bench               the table's choice beside the portable family on the grid's main shapes
 #   python              the GPU pytest (tests/python/test_gpu*.py, test_context_parallel.py, the
-#                       SGLang plugin's, its DSA sparse plans') on the binary wheel in dist/
+#                       SGLang plugin's, its DSA sparse plans', its page table) on the binary wheel in dist/
 #                       (carry dist), else on the carried package tree (.device_carry/fp8mla_py)
 #   port                FlashInfer's own MLA wrapper tests, ported (test_flashinfer_deepseek_mla.py),
 #                       on the GPU (FP8MLA_PORT_DEVICE=cuda), on the same package as python
@@ -122,7 +122,7 @@ for step in $steps; do
       PYTHONPATH=$pkg timeout $(($(left) - 60)) python3 -m pytest -q -rs \
         -p no:cacheprovider tests/python/test_gpu.py tests/python/test_gpu_engines.py \
         tests/python/test_context_parallel.py tests/python/test_sglang_plugin.py \
-        tests/python/test_sparse_plans.py \
+        tests/python/test_sparse_plans.py tests/python/test_page_table.py \
         > "$out/tests_python.txt" 2>&1
       echo "rc=$?"; tail -3 "$out/tests_python.txt" ;;
     port)

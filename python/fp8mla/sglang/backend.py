@@ -4,9 +4,10 @@ Per forward batch SGLang calls ``init_forward_metadata`` (eager) or
 ``init_forward_metadata_out_graph`` (CUDA-graph capture and replay) once, then ``forward_decode``
 or ``forward_extend`` once per layer. This backend:
 
-  * builds the batch's page table with tensor ops on the batch's device, into a buffer that an
-    fp8mla graph-mode wrapper borrows (Problem::borrowed_kv_indices): no host round trip, and a
-    captured run reads the table written for the step it replays;
+  * builds the batch's page table on the batch's device (fp8mla.sglang.page_table: one Triton
+    kernel on CUDA), into a buffer that an fp8mla graph-mode wrapper borrows
+    (Problem::borrowed_kv_indices): no host round trip, and a captured run reads the table
+    written for the step it replays;
   * plans with host copies of the lengths SGLang keeps (seq_lens_cpu): the plan is
     stream-ordered on the current stream (no synchronisation, no allocation);
   * reads the layer's pool as it is stored (FP8 e4m3 read natively with unit scales, as SGLang's
@@ -22,6 +23,7 @@ import math
 import torch
 
 from .. import BatchMLAPagedAttentionWrapper, MLAPlanMetadata
+from .page_table import PageTable
 from .routing import register_model_routing
 
 # Extend-with-prefix batches of an FP8 pool whose longest chunk has at least this many new tokens
@@ -54,51 +56,6 @@ def _dcp_enabled():
         return bool(get_parallel().dcp_enabled)
     except RuntimeError:
         return False
-
-
-class PageTable:
-    """A batch's CSR page table, built with tensor ops into a buffer a wrapper borrows.
-
-    Request r lists pages [0, ceil(kv_len[r] / page_size)) of its req_to_token row: the page of
-    token j is req_to_token[row, j] // page_size (SGLang's allocator places a page's tokens
-    together). Host lengths give kv_indptr and kv_len for the plan; the device gather writes the
-    ids at kv_indptr[r] + k, with the columns past a request's pages sent to a trash entry past
-    the table, so every shape depends on the batch only through host integers.
-    """
-
-    def __init__(self, capacity, page_size, device):
-        self.page_size = page_size
-        self.capacity = capacity
-        # The last entry is the trash slot; the wrapper borrows the first `capacity`.
-        self.storage = torch.zeros(capacity + 1, dtype=torch.int32, device=device)
-        self.table = self.storage[:capacity]
-
-    def fill(self, req_to_token, req_pool_indices, kv_len_cpu):
-        """Writes the table for requests req_pool_indices with kv_len_cpu tokens (host int32
-        tensor); returns host (kv_indptr [bs + 1], kv_len [bs]) int32 tensors."""
-        ps = self.page_size
-        kv_len = kv_len_cpu.to(torch.int32)
-        pages = (kv_len + ps - 1) // ps
-        kv_indptr = torch.zeros(len(kv_len) + 1, dtype=torch.int32)
-        torch.cumsum(pages, 0, out=kv_indptr[1:])
-        total = int(kv_indptr[-1])
-        if total > self.capacity:
-            raise ValueError(f"page table: {total} pages exceed the capacity {self.capacity}")
-        width = int(pages.max()) if len(pages) else 0
-        if width == 0:
-            return kv_indptr, kv_len
-        device = self.storage.device
-        rows = req_to_token.index_select(0, req_pool_indices.to(torch.int64))
-        ids = rows[:, ::ps][:, :width].to(torch.int32) // ps  # [bs, <= width]
-        if ids.shape[1] < width:  # a row narrower than the longest request: never read
-            ids = torch.nn.functional.pad(ids, (0, width - ids.shape[1]))
-        col = torch.arange(width, device=device, dtype=torch.int32)
-        pages_d = pages.to(device, non_blocking=True)
-        start = kv_indptr[:-1].to(device, non_blocking=True)
-        dest = torch.where(col[None, :] < pages_d[:, None], start[:, None] + col[None, :],
-                           torch.full_like(col[None, :], self.capacity))
-        self.storage.scatter_(0, dest.reshape(-1).to(torch.int64), ids.reshape(-1))
-        return kv_indptr, kv_len
 
 
 class RaggedPrefill:
