@@ -21,11 +21,12 @@ enum class DType : std::uint8_t {
   bf16,      // queries, outputs, bf16 cache, rope part of the block format
   f16,       // accepted where noted (append input only)
   fp8_e4m3,  // OCP e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa; no inf; NaN = 0x7f/0xff
+  i64,       // row ids an engine keeps as int64 (fill_page_table's rows)
 };
 
-// Size of one element in bytes (1, 4, 4, 2, 2, 1).
+// Size of one element in bytes (1, 4, 4, 2, 2, 1, 8).
 std::size_t dtype_size(DType dtype);
-// "u8", "i32", "f32", "bf16", "f16", "fp8_e4m3".
+// "u8", "i32", "f32", "bf16", "f16", "fp8_e4m3", "i64".
 const char* dtype_name(DType dtype);
 
 enum class DeviceKind : std::uint8_t { cpu, cuda };

@@ -29,6 +29,7 @@
 #include "fp8mla/context_parallel.h"
 #include "fp8mla/error.h"
 #include "fp8mla/format.h"
+#include "fp8mla/page_table.h"
 #include "fp8mla/tensor.h"
 #include "_ext_args.h"
 
@@ -284,6 +285,40 @@ NB_MODULE(_fp8mla, m) {
       "ordered"_a,
       "replan_step with the three arrays given as host addresses of batch + 1, batch + 1 and "
       "batch int32 entries; returns (total_q, n_pages)");
+
+  // An engine's per-step page table (fp8mla.sglang.page_table): the token table and the output
+  // buffer imported once; each step's row ids (on the token table's device) and host lengths come
+  // by address, which the Python layer checks (dtype, device, length, contiguity), so a step
+  // pays no DLPack import.
+  nb::class_<PageFill>(m, "PageFill", "fill_page_table's token table and output, imported once.")
+      .def(
+          "__init__",
+          [](PageFill* t, nb::handle tokens, nb::handle table, int page_size) {
+            new (t) PageFill{};
+            t->tokens = t->keep.in(tokens, "tokens");
+            t->table = t->keep.out(table, "table");
+            t->page_size = page_size;
+          },
+          "tokens"_a, "table"_a, "page_size"_a)
+      .def(
+          "fill",
+          [](PageFill& t, std::uintptr_t rows, bool rows_i64, std::uintptr_t kv_len,
+             std::int64_t batch, std::uintptr_t stream) {
+            if (batch < 0 || (batch > 0 && (rows == 0 || kv_len == 0)))
+              bad("rows", "expected host and device addresses of " + std::to_string(batch) +
+                              " entries");
+            TensorView r = fp8mla::make_view(reinterpret_cast<void*>(rows),
+                                             rows_i64 ? DType::i64 : DType::i32, {batch},
+                                             t.tokens.device, t.tokens.device_id);
+            const std::span<const std::int32_t> lens(
+                reinterpret_cast<const std::int32_t*>(kv_len), static_cast<std::size_t>(batch));
+            nb::gil_scoped_release release;
+            fp8mla::fill_page_table(t.tokens, r, lens, t.page_size, t.table, as_stream(stream));
+          },
+          "rows"_a, "rows_i64"_a, "kv_len"_a, "batch"_a, "stream"_a,
+          "fp8mla::fill_page_table with this token table and output: rows (the token table's "
+          "device, int64 when rows_i64 else int32) and kv_len (host int32) of batch entries, by "
+          "address");
 
   m.def(
       "run",

@@ -221,6 +221,14 @@ struct StepProblem {
   std::vector<std::int32_t> qo_indptr, kv_indptr, kv_len;
 };
 
+// fill_page_table's fixed arguments kept between calls (_ext.PageFill): an engine's token table
+// and the page-table buffer a graph-mode wrapper borrows, each imported once.
+struct PageFill {
+  Args keep;
+  TensorView tokens, table;
+  int page_size = 1;
+};
+
 // The Problem of plan / replan / plan_context_parallel / replan_context_parallel, from the one
 // tuple api._problem_args builds: (qo_indptr, kv_indptr, kv_indices, kv_len, num_heads,
 // page_size, num_pages, kv_format, causal, sm_scale, topk, sparse_indices, causal_len, device,

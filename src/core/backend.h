@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -105,5 +106,10 @@ void cuda_merge_states(const TensorView& v, const TensorView& s, const TensorVie
 // Quantizing append into a device cache: storage is u8 [num_pages, page_size, token_bytes].
 void cuda_append(const CacheConfig& config, void* storage, const TensorView& slots,
                  const TensorView& ckv, const TensorView& kpe, void* stream);
+// fill_page_table on the device, for checked arguments: pages[r] = request r's page count
+// (their sum > 0), enqueued on `stream`.
+void cuda_fill_page_table(const TensorView& tokens, const TensorView& rows,
+                          std::span<const std::int32_t> pages, int page_size,
+                          const TensorView& table, void* stream);
 
 }  // namespace fp8mla::detail

@@ -62,6 +62,10 @@ void cuda_append(const CacheConfig&, void*, const TensorView&, const TensorView&
                  void*) {
   no_cuda("config.device");
 }
+void cuda_fill_page_table(const TensorView&, const TensorView&, std::span<const std::int32_t>, int,
+                          const TensorView&, void*) {
+  no_cuda("tokens.device");
+}
 int cuda_current_device() noexcept {
   return -1;
 }

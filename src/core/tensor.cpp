@@ -21,6 +21,8 @@ std::size_t dtype_size(DType dtype) {
     case DType::i32:
     case DType::f32:
       return 4;
+    case DType::i64:
+      return 8;
   }
   throw Error(ErrorCode::invalid_argument, "dtype",
               detail::msg("unknown DType value ", static_cast<int>(dtype)));
@@ -40,6 +42,8 @@ const char* dtype_name(DType dtype) {
       return "f16";
     case DType::fp8_e4m3:
       return "fp8_e4m3";
+    case DType::i64:
+      return "i64";
   }
   // Names feed error messages, which must not themselves throw.
   return "unknown_dtype";

@@ -45,9 +45,9 @@ TEST(TensorView, MakeViewAndDescribe) {
               make_strided_view(buf.data(), DType::u8, {2, 2}, {1});
             }).argument(),
             "stride");
-  const std::array<std::size_t, 6> sizes = {1, 4, 4, 2, 2, 1};
-  const std::array<const char*, 6> names = {"u8", "i32", "f32", "bf16", "f16", "fp8_e4m3"};
-  for (int d = 0; d < 6; ++d) {
+  const std::array<std::size_t, 7> sizes = {1, 4, 4, 2, 2, 1, 8};
+  const std::array<const char*, 7> names = {"u8", "i32", "f32", "bf16", "f16", "fp8_e4m3", "i64"};
+  for (int d = 0; d < 7; ++d) {
     EXPECT_EQ(dtype_size(static_cast<DType>(d)), sizes[d]);
     EXPECT_STREQ(dtype_name(static_cast<DType>(d)), names[d]);
   }

@@ -1,21 +1,27 @@
-"""fp8mla.sglang.page_table: the SGLang backend's per-batch page table. The Triton kernel (what
-CUDA runs) against the tensor-op path and a plain loop, in Triton's interpreter on CPU tensors,
-and on the GPU when there is one."""
+"""fp8mla.sglang.page_table: the SGLang backend's per-batch page table, written by
+fp8mla::fill_page_table (by address from torch tensors), against a plain loop, on the CPU and on
+the GPU when there is one."""
 
 import pytest
 
 torch = pytest.importorskip("torch")
-triton = pytest.importorskip("triton")
 
+import fp8mla  # noqa: E402
 from fp8mla.sglang import page_table  # noqa: E402
 
-CASES = [  # (page size, request lengths): zero lengths, partial last pages, pages > one BLOCK
+CASES = [  # (page size, request lengths): zero lengths, partial last pages, long requests
     (1, [5, 0, 17, 1]),
     (1, [1300, 7, 600]),
     (16, [33, 16, 0, 1, 250, 47, 9]),
     (64, [4096, 65, 63, 1]),
     (64, [64 * 600 + 5]),
 ]
+
+
+def devices():
+    yield "cpu"
+    if torch.cuda.is_available() and fp8mla.cuda_available():
+        yield "cuda"
 
 
 def expected(req_to_token, rows, lens, ps):
@@ -27,9 +33,10 @@ def expected(req_to_token, rows, lens, ps):
 
 
 def make_case(gen, ps, lens, device, rows_dtype):
-    bs, width = len(lens), max(max(lens), 1) + ps
+    """SGLang's req_to_token: each row a request's token slots, a page's tokens together, pages
+    shuffled (one column past the longest request, as rows are wider than what they hold)."""
+    bs, width = len(lens), max(max(lens), 1) + 1
     pool_rows = bs + 3
-    # Token slots as SGLang's allocator hands them out: a page's tokens together, pages shuffled.
     pages = torch.randperm(pool_rows * (-(-width // ps)), generator=gen)
     slots = (pages[:, None] * ps + torch.arange(ps)[None, :]).reshape(-1)
     req_to_token = slots[: pool_rows * width].reshape(pool_rows, width).to(torch.int32)
@@ -37,61 +44,54 @@ def make_case(gen, ps, lens, device, rows_dtype):
     return req_to_token.to(device), rows.to(device)
 
 
-def run_fill(device, ps, lens, rows_dtype, kernel, gen):
+@pytest.mark.parametrize("device", list(devices()))
+@pytest.mark.parametrize("ps,lens", CASES)
+@pytest.mark.parametrize("rows_dtype", [torch.int64, torch.int32])
+def test_fill_writes_the_listed_pages(device, ps, lens, rows_dtype):
+    gen = torch.Generator().manual_seed(ps * 31 + len(lens))
     req_to_token, rows = make_case(gen, ps, lens, device, rows_dtype)
     total = sum(-(-n // ps) for n in lens)
     pt = page_table.PageTable(total + 5, ps, device)
-    pt.kernel = kernel
-    pt.storage.fill_(-7)  # poison: every listed entry must be written
-    kv_indptr, kv_len = pt.fill(req_to_token, rows, torch.tensor(lens, dtype=torch.int32))
-    want = expected(req_to_token.cpu(), rows.cpu(), lens, ps)
-    assert kv_indptr.tolist() == [0] + torch.cumsum(
-        torch.tensor([-(-n // ps) for n in lens]), 0).tolist()
-    assert kv_len.tolist() == lens
-    assert torch.equal(pt.table[:total].cpu(), want)
-    return pt
+    pt.table.fill_(-7)  # poison: every listed entry must be written, nothing past them
+    kv_len_cpu = torch.tensor(lens, dtype=torch.int32)
+    for step in range(2):  # the second step reuses the imported token table
+        kv_indptr, kv_len = pt.fill(req_to_token, rows, kv_len_cpu)
+        assert kv_indptr.tolist() == [0] + torch.cumsum(
+            torch.tensor([-(-n // ps) for n in lens]), 0).tolist()
+        assert kv_len.tolist() == lens
+        assert torch.equal(pt.table[:total].cpu(), expected(req_to_token.cpu(), rows.cpu(), lens,
+                                                            ps)), f"step {step}"
+        assert (pt.table[total:] == -7).all()
+        rows = rows.flip(0).contiguous()
+        lens = lens[::-1]
+        kv_len_cpu = torch.tensor(lens, dtype=torch.int32)
 
 
-@pytest.fixture
-def interpreted(monkeypatch):
-    """The kernel in Triton's interpreter (its code, run on CPU tensors)."""
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-
-    monkeypatch.setattr(page_table, "fill_pages_kernel",
-                        InterpretedFunction(page_table.fill_pages_kernel.fn))
-    # The language's own jit helpers (tl.sum ...) run as Python inside the interpreter.
-    monkeypatch.setattr(JITFunction, "__call__", lambda self, *a, **k: self.fn(*a, **k))
-
-
-@pytest.mark.parametrize("ps,lens", CASES)
-@pytest.mark.parametrize("rows_dtype", [torch.int64, torch.int32])
-def test_kernel_writes_the_listed_pages(interpreted, ps, lens, rows_dtype):
-    pt = run_fill("cpu", ps, lens, rows_dtype, True, torch.Generator().manual_seed(ps + len(lens)))
-    total = sum(-(-n // ps) for n in lens)
-    assert (pt.storage[total:] == -7).all()  # nothing past the batch's pages
+@pytest.mark.parametrize("device", list(devices()))
+def test_rows_in_other_forms_are_converted(device):
+    """Row ids on the host for a device table, as a strided view, or as a list."""
+    gen = torch.Generator().manual_seed(5)
+    req_to_token, rows = make_case(gen, 16, [40, 3, 70], device, torch.int64)
+    want = expected(req_to_token.cpu(), rows.cpu(), [40, 3, 70], 16)
+    pt = page_table.PageTable(len(want), 16, device)
+    for form in (rows.cpu(), torch.stack([rows, rows], 1)[:, 0], rows.tolist()):
+        pt.table.fill_(-7)
+        pt.fill(req_to_token, form, torch.tensor([40, 3, 70]))
+        assert torch.equal(pt.table.cpu(), want)
 
 
-@pytest.mark.parametrize("ps,lens", CASES)
-def test_tensor_ops_write_the_listed_pages(ps, lens):
-    run_fill("cpu", ps, lens, torch.int64, False, torch.Generator().manual_seed(ps))
-
-
-def test_capacity_is_checked_before_anything_is_written():
-    pt = page_table.PageTable(3, 16, "cpu")
-    pt.storage.fill_(-7)
-    with pytest.raises(ValueError, match="page table: 5 pages exceed the capacity 3"):
-        pt.fill(torch.zeros(2, 64, dtype=torch.int32), torch.tensor([0, 1]),
-                torch.tensor([33, 17], dtype=torch.int32))
-    assert (pt.storage == -7).all()
-
-
-def test_the_kernel_fills_cuda_tables():
-    """CUDA tables take the kernel (use_kernel), and it writes what the plain loop lists."""
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    assert page_table.use_kernel("cuda") and not page_table.use_kernel("cpu")
-    gen = torch.Generator().manual_seed(3)
-    for ps, lens in CASES + [(1, list(range(1, 300, 7))), (64, [32768] * 128)]:
-        pt = run_fill("cuda", ps, lens, torch.int64, True, gen)
-        assert pt.kernel
+def test_bad_batches_are_refused_by_name_before_anything_is_written():
+    gen = torch.Generator().manual_seed(9)
+    req_to_token, rows = make_case(gen, 16, [40, 20], "cpu", torch.int64)
+    pt = page_table.PageTable(8, 16, "cpu")
+    pt.table.fill_(-7)
+    with pytest.raises(ValueError, match="page table: 10 pages exceed the capacity 8"):
+        pt.fill(req_to_token, rows, torch.tensor([100, 40], dtype=torch.int32))
+    with pytest.raises(ValueError, match="^req_pool_indices: 1 rows for 2 requests"):
+        pt.fill(req_to_token, rows[:1], torch.tensor([40, 20], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"kv_len\[0\]: 60 must be in \[0, 48\]"):
+        pt.fill(req_to_token, rows, torch.tensor([60, 20], dtype=torch.int32))
+    far = torch.tensor([0, len(req_to_token)])
+    with pytest.raises(ValueError, match=r"rows\[1\]: 5 is outside the token table's 5 rows"):
+        pt.fill(req_to_token, far, torch.tensor([40, 20], dtype=torch.int32))
+    assert (pt.table == -7).all()
