@@ -7,10 +7,10 @@ kv_indptr[r] + j / page_size. Host lengths give kv_indptr and kv_len for the pla
 
 fp8mla::fill_page_table writes it (include/fp8mla/page_table.h; on CUDA one launch on torch's
 current stream, the requests' starts passed in its parameters; on the host a plain loop). The
-fill runs every decode step: the dozen tensor ops that wrote it before cost 178-245 us of host
-time a step on an H100 host (bench/replan_host.py), and a Triton kernel 129-132 us, where the
-re-plan takes 12-25. The token table and the buffer are imported once (_ext.PageFill); a step
-hands the native call the row ids and lengths by address.
+fill runs every decode step: on an H100 host it takes 44-79 us of host time where the dozen
+tensor ops that wrote it before took 151-161 (bench/results/h100_replan_host.txt, section H; a
+Triton kernel took 129-132). The token table and the buffer are imported once (_ext.PageFill); a
+step hands the native call the row ids and lengths by address.
 """
 
 import torch
