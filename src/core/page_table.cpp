@@ -2,6 +2,7 @@
 #include "fp8mla/page_table.h"
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "fp8mla/error.h"
@@ -64,6 +65,8 @@ void fill_page_table(const TensorView& tokens, const TensorView& rows,
   }
   detail::require(total <= table.shape[0], "table.shape[0]", table.shape[0],
                   " entries hold fewer than the batch's ", total, " pages");
+  detail::require(total <= std::numeric_limits<std::int32_t>::max(), "kv_len",
+                  "the batch's ", total, " pages exceed an int32 page table's 2^31 - 1 entries");
   if (total == 0) return;
   if (device == DeviceKind::cuda) {
     const detail::CurrentDeviceGuard keep(true);

@@ -4,10 +4,10 @@ Per forward batch SGLang calls ``init_forward_metadata`` (eager) or
 ``init_forward_metadata_out_graph`` (CUDA-graph capture and replay) once, then ``forward_decode``
 or ``forward_extend`` once per layer. This backend:
 
-  * builds the batch's page table on the batch's device (fp8mla.sglang.page_table: one Triton
-    kernel on CUDA), into a buffer that an fp8mla graph-mode wrapper borrows
-    (Problem::borrowed_kv_indices): no host round trip, and a captured run reads the table
-    written for the step it replays;
+  * builds the batch's page table on the batch's device (fp8mla.sglang.page_table,
+    fp8mla::fill_page_table: one launch on CUDA), into a buffer that an fp8mla graph-mode wrapper
+    borrows (Problem::borrowed_kv_indices): no host round trip, and a captured run reads the
+    table written for the step it replays;
   * plans with host copies of the lengths SGLang keeps (seq_lens_cpu): the plan is
     stream-ordered on the current stream (no synchronisation, no allocation);
   * reads the layer's pool as it is stored (FP8 e4m3 read natively with unit scales, as SGLang's
