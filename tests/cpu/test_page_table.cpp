@@ -69,6 +69,19 @@ TEST(PageTableFill, BadArgumentsAreRefusedByNameBeforeAnyWrite) {
   for (std::int32_t v : table) EXPECT_EQ(v, -7);
 }
 
+TEST(PageTableFill, MorePagesThanAnInt32TableHoldsAreRefused) {
+  // Views only: the check comes before anything is read or written.
+  std::int32_t cell = 0;
+  const std::int64_t wide = std::int64_t{1} << 31;
+  const TensorView tokens = make_strided_view(&cell, DType::i32, {1, wide}, {wide, 1});
+  std::vector<std::int64_t> rows{0, 0};
+  std::vector<std::int32_t> lens{2147483647, 2147483647};
+  const TensorView table = make_view(&cell, DType::i32, {std::int64_t{1} << 32});
+  expect_error([&] { fill_page_table(tokens, make_view(rows.data(), DType::i64, {2}), lens, 1, table); },
+               {"kv_len", "4294967294 pages", "2^31 - 1"});
+  EXPECT_EQ(cell, 0);
+}
+
 TEST(PageTableFill, AnEmptyBatchWritesNothing) {
   auto c = make_token_table(3, 1, {});
   std::vector<std::int32_t> table(2, -7);
