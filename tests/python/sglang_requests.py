@@ -1,6 +1,7 @@
 """Requests as SGLang's scheduler keeps them, for the SGLang plugin's tests (test_sglang_plugin.py,
 test_sglang_dsa.py): req_to_token rows of token slots, allocated a page at a time (a page's tokens
-together) from pages in a shuffled order; page 0 is SGLang's padding page."""
+together) from pages in a shuffled order; page 0 is SGLang's padding page. forward_batch() builds
+SGLang's ForwardBatch of such requests, as both files' batch() helpers start theirs."""
 
 import torch
 
@@ -29,3 +30,18 @@ class Scheduler:
     def slots(self, req, positions):
         """The global slots of request `req`'s token positions."""
         return self.r.req_to_token_pool.req_to_token[req].cpu()[positions.long()]
+
+
+def forward_batch(mode, bs, req, seqs, slots, device):
+    """SGLang's ForwardBatch of `bs` requests (rows `req`, `seqs` tokens each, the new tokens at
+    `slots`) in forward mode `mode`, with the host lengths SGLang keeps (seq_lens_cpu)."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+    seq = torch.tensor(seqs, dtype=torch.int64)
+    fb = ForwardBatch(forward_mode=mode, batch_size=bs,
+                      input_ids=torch.zeros(len(slots), dtype=torch.int64, device=device),
+                      req_pool_indices=torch.tensor(req, dtype=torch.int64, device=device),
+                      seq_lens=seq.to(device), out_cache_loc=slots.to(device),
+                      seq_lens_sum=int(seq.sum()))
+    fb.seq_lens_cpu = seq.clone()
+    return fb

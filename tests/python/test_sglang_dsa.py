@@ -55,9 +55,9 @@ from sglang.srt.mem_cache.memory_pool import (  # noqa: E402
     KVWriteLoc,
     ReqToTokenPool,
 )
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode  # noqa: E402
+from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 from sglang.srt.runtime_context import get_context, get_parallel  # noqa: E402
-from sglang_requests import Scheduler  # noqa: E402
+from sglang_requests import Scheduler, forward_batch  # noqa: E402
 
 DEVICE = "cpu"
 HEADS = 8  # GLM-5 (64 heads) at TP8
@@ -189,13 +189,7 @@ def check(o, want, what, heads=HEADS):
 
 
 def batch(mode, req, seqs, slots, extend=None, prefix=None, spec=None):
-    seq = torch.tensor(seqs, dtype=torch.int64)
-    fb = ForwardBatch(forward_mode=mode, batch_size=len(req),
-                      input_ids=torch.zeros(len(slots), dtype=torch.int64, device=DEVICE),
-                      req_pool_indices=torch.tensor(req, dtype=torch.int64, device=DEVICE),
-                      seq_lens=seq.to(DEVICE), out_cache_loc=slots.to(DEVICE),
-                      seq_lens_sum=int(seq.sum()))
-    fb.seq_lens_cpu = seq.clone()
+    fb = forward_batch(mode, len(req), req, seqs, slots, DEVICE)
     fb.spec_info = spec
     if extend is not None:
         fb.extend_seq_lens_cpu = list(extend)

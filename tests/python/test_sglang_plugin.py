@@ -37,9 +37,9 @@ import fp8mla  # noqa: E402
 import fp8mla.sglang  # noqa: E402
 from sglang.srt.layers.radix_attention import RadixAttention  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool, ReqToTokenPool  # noqa: E402
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode  # noqa: E402
+from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 from sglang.srt.runtime_context import get_parallel  # noqa: E402
-from sglang_requests import Scheduler  # noqa: E402
+from sglang_requests import Scheduler, forward_batch  # noqa: E402
 
 HEADS = 16
 SCALING = 1.0 / math.sqrt(192)
@@ -155,13 +155,7 @@ def check(o, want, what):
 
 
 def batch(mode, bs, req, seqs, slots, prefix=None, extend=None, spec=None):
-    seq = torch.tensor(seqs, dtype=torch.int64)
-    fb = ForwardBatch(forward_mode=mode, batch_size=bs,
-                      input_ids=torch.zeros(len(slots), dtype=torch.int64, device=DEVICE),
-                      req_pool_indices=torch.tensor(req, dtype=torch.int64, device=DEVICE),
-                      seq_lens=seq.to(DEVICE), out_cache_loc=slots.to(DEVICE),
-                      seq_lens_sum=int(seq.sum()))
-    fb.seq_lens_cpu = seq.clone()
+    fb = forward_batch(mode, bs, req, seqs, slots, DEVICE)
     fb.extend_prefix_lens_cpu = prefix
     fb.extend_seq_lens_cpu = extend
     fb.spec_info = spec
