@@ -58,7 +58,7 @@ import sys
 import torch
 
 import fp8mla
-from fp8mla.sglang.sparse import SparsePlans, decode_rows
+from fp8mla.sglang.sparse import SparsePlans, decode_rows, encode_rows
 from sglang_step import host_us, rel_l2, timed
 
 SM_SCALE = 1.0 / math.sqrt(192)  # DeepSeek's 1 / sqrt(qk_nope 128 + qk_rope 64)
@@ -123,19 +123,8 @@ def load_flashmla(dev):
 
 def fill_rows(dst, fmt, x):
     """Writes float32 latents x [n, 576] into pool rows dst [n, 1, row] as SGLang stores them."""
-    if fmt == "bf16":
-        dst[:, 0].copy_(x.to(torch.bfloat16))
-        return
-    if fmt == "fp8_e4m3":  # SGLang's raw FP8 rows: the latent cast unscaled
-        dst[:, 0].copy_(x.to(torch.float8_e4m3fn))
-        return
-    n, rows = x.shape[0], dst[:, 0]
-    nope = x[:, :512].reshape(n, 4, 128)
-    scale = (nope.abs().amax(-1) / 448.0).clamp_min(1e-12)  # SGLang's quantizer: amax / 448
-    codes = (nope / scale[..., None]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
-    rows[:, :512].view(torch.float8_e4m3fn).copy_(codes.reshape(n, 512))
-    rows[:, 512:528].view(torch.float32).copy_(scale)
-    rows[:, 528:].view(torch.bfloat16).copy_(x[:, 512:].to(torch.bfloat16))
+    rows = dst[:, 0]
+    rows.view(torch.bfloat16 if fmt == "bf16" else torch.uint8).copy_(encode_rows(x, fmt))
 
 
 class Pools:

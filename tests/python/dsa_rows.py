@@ -9,27 +9,20 @@ Triton kernels on CPU tensors for test_sglang_dsa.py.
   fp8_e4m3        576 e4m3 codes, the latent cast unscaled (SGLang's raw FP8 layout)
   bf16            576 bf16 values
 
-decode_rows (float64 values of such rows) is the package's fp8mla.sglang.sparse.decode_rows,
-re-exported here.
+The codecs are the package's (fp8mla.sglang.sparse.encode_rows / decode_rows): decode_rows is
+re-exported here, encode_rows wrapped to give host rows.
 """
 
 import torch
 
+from fp8mla.sglang import sparse
 from fp8mla.sglang.sparse import decode_rows  # noqa: F401 (re-exported for the tests)
 
 
 def encode_rows(k, fmt):
-    """The rows for latent tokens k (bf16 [n, 576]): uint8 [n, 656 | 576] or bf16 [n, 576]."""
-    k = k.cpu()
-    if fmt == "bf16":
-        return k.to(torch.bfloat16)
-    if fmt == "fp8_e4m3":
-        return k.to(torch.float8_e4m3fn).view(torch.uint8)
-    nope = k[:, :512].float().reshape(-1, 4, 128)
-    scale = nope.abs().amax(-1) / 448.0
-    codes = (nope * (1.0 / scale)[..., None]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
-    return torch.cat([codes.view(torch.uint8).reshape(-1, 512), scale.view(torch.uint8),
-                      k[:, 512:].to(torch.bfloat16).contiguous().view(torch.uint8)], 1)
+    """The rows for latent tokens k (bf16 [n, 576]) on the host: fp8mla.sglang.sparse.encode_rows
+    of k's host copy (uint8 [n, 656 | 576] or bf16 [n, 576])."""
+    return sparse.encode_rows(k.cpu(), fmt)
 
 
 def sparse_reference(q, kv, slots, sm_scale):

@@ -119,6 +119,8 @@ def test_cuda_graph_replays_rewritten_indices(fmt, gen):
     assert not plans._recent  # no plan was made after the capture
 
 
-def test_decode_rows_names_an_unknown_format():
+def test_the_row_codecs_name_an_unknown_format():
     with pytest.raises(ValueError, match="^kv_format: .*got 'fp8'"):
         decode_rows(torch.zeros(1, 576, dtype=torch.uint8), "fp8")
+    with pytest.raises(ValueError, match="^kv_format: .*got 'fp8'"):
+        encode_rows(torch.zeros(1, 576), "fp8")

@@ -104,11 +104,29 @@ class SparsePlans:
             plan.run(q_nope[a:b], q_pe[a:b], ckv, kpe, out[a:b], slots[a:b], **scales)
 
 
+def encode_rows(k, kv_format):
+    """Pool rows for latent tokens k [n, 576] as SGLang's DSA writer stores them, on k's device:
+    fp8_e4m3_block uint8 [n, 656] (each 128-value group's codes e4m3(x * (1 / scale)) with scale
+    = amax / 448, the four float32 scales, the bf16 rope), fp8_e4m3 uint8 [n, 576] (the latent
+    cast unscaled), bf16 [n, 576]. decode_rows' inverse, for checks and benchmarks."""
+    if kv_format == "bf16":
+        return k.to(torch.bfloat16)
+    if kv_format == "fp8_e4m3":
+        return k.to(torch.float8_e4m3fn).view(torch.uint8)
+    if kv_format != "fp8_e4m3_block":
+        raise ValueError(f"kv_format: expected fp8_e4m3_block, fp8_e4m3 or bf16, got {kv_format!r}")
+    nope = k[:, :512].float().reshape(-1, 4, 128)
+    scale = nope.abs().amax(-1) / 448.0
+    codes = (nope * (1.0 / scale)[..., None]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    return torch.cat([codes.view(torch.uint8).reshape(-1, 512), scale.view(torch.uint8),
+                      k[:, 512:].to(torch.bfloat16).contiguous().view(torch.uint8)], 1)
+
+
 def decode_rows(rows, kv_format):
     """float64 [n, 576]: the values that pool rows [n, row bytes] of `kv_format` hold, as the
     sparse plans read them (fp8_e4m3_block: each 128-code group times its float32 scale, exact in
     float64; fp8_e4m3: the codes, unit scale; bf16). A plain reference for checks (tests, the
-    DSA step bench), on the host."""
+    DSA step bench), on the host; encode_rows' inverse."""
     rows = rows.cpu()
     if kv_format == "bf16":
         return rows.view(torch.bfloat16).double()
