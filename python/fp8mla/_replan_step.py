@@ -29,18 +29,12 @@ def replan_step(w, qo_indptr, kv_indptr, kv_len_arr):
                              f"got {length(a)}")
     problem = dict(p, qo=qo, kvp=kvp, kvl=kvl, batch=batch, total_q=int(qo[batch]),
                    n_pages=int(kvp[batch]))
-    pages = w._num_pages if w._num_pages is not None else w._planned_pages
-    last = w._args
+    pages = _pool_pages(w)
     try:
-        if last is not None and batch > 0 and pages == w._planned_pages:
-            # Only the three arrays changed: the other entries of the last build's Problem
-            # tuple were converted and checked then, and are parsed once, into a
-            # StepProblem (with the borrowed table's DLPack import) that every step reuses.
-            if w._step is None:
-                w._step = _ext.StepProblem(
-                    (qo, kvp, None, kvl) + last[4:-1] + (for_ext(p["borrowed"]),))
+        if batch > 0 and _reuses_last_build(w, pages):
             stream = w._plan_stream(problem)
-            _ext.replan_step(w._plan, w._step, qo, kvp, kvl, stream or 0, stream is not None)
+            _ext.replan_step(w._plan, _step_problem(w, p), qo, kvp, kvl, stream or 0,
+                             stream is not None)
         else:
             w._build(pages, problem)
     except ValueError as e:
@@ -59,17 +53,14 @@ def _by_address(w, p, qo_indptr, kv_indptr, kv_len_arr):
     if a is None or b is None or c is None:
         return False
     batch = c[1]
-    pages = w._num_pages if w._num_pages is not None else w._planned_pages
-    if (a[1] != batch + 1 or b[1] != batch + 1 or batch == 0 or w._args is None
-            or pages != w._planned_pages):
+    if (a[1] != batch + 1 or b[1] != batch + 1 or batch == 0
+            or not _reuses_last_build(w, _pool_pages(w))):
         return False  # the general path's errors and re-builds
-    if w._step is None:
-        w._step = _ext.StepProblem(
-            (None, None, None, None) + w._args[4:-1] + (for_ext(p["borrowed"]),))
     stream = w._plan_stream(p)
     try:
         total_q, n_pages = _ext.replan_step_host(
-            w._plan, w._step, a[0], b[0], c[0], batch, stream or 0, stream is not None)
+            w._plan, _step_problem(w, p), a[0], b[0], c[0], batch, stream or 0,
+            stream is not None)
     except ValueError as e:
         raise renamed(e) from None
     # The arrays of this plan are the step's copies (read back only if a later build needs
@@ -79,3 +70,24 @@ def _by_address(w, p, qo_indptr, kv_indptr, kv_len_arr):
     w._fill_graph_buffers(qo_indptr, kv_indptr, kv_len_arr)
     return True
 
+
+
+def _pool_pages(w):
+    """The pool size the next build plans for."""
+    return w._num_pages if w._num_pages is not None else w._planned_pages
+
+
+def _reuses_last_build(w, pages):
+    """Whether a step changes only the three arrays of the last build's Problem (one was made,
+    for this pool): then it re-plans through a StepProblem instead of building."""
+    return w._args is not None and pages == w._planned_pages
+
+
+def _step_problem(w, p):
+    """The last build's Problem fields, converted and checked then, parsed once into a
+    StepProblem (with the borrowed table's DLPack import) that every step reuses; each step
+    gives its own three arrays."""
+    if w._step is None:
+        w._step = _ext.StepProblem((None, None, None, None) + w._args[4:-1]
+                                   + (for_ext(p["borrowed"]),))
+    return w._step
