@@ -52,11 +52,11 @@ void fill_page_table(const TensorView& tokens, const TensorView& rows,
                   rows.describe());
   const std::int64_t width = tokens.shape[1];
   std::vector<std::int32_t> pages(kv_len.size());
+  // The last page's first token must be a column of the row.
+  const std::int64_t limit = (width + page_size - 1) / page_size * page_size;
   std::int64_t total = 0;
   for (std::size_t r = 0; r < kv_len.size(); ++r) {
     const std::int64_t len = kv_len[r];
-    // The last page's first token must be a column of the row.
-    const std::int64_t limit = (width + page_size - 1) / page_size * page_size;
     detail::require(len >= 0 && len <= limit, detail::msg("kv_len[", r, "]"), len,
                     " must be in [0, ", limit, "]: a request's pages start inside its row of ",
                     width, " tokens");
