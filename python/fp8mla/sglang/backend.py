@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from .. import BatchMLAPagedAttentionWrapper, MLAPlanMetadata
+from .. import BatchMLAPagedAttentionWrapper, MLAPlanMetadata, api
 from .page_table import PageTable
 from .routing import register_model_routing
 
@@ -56,6 +56,33 @@ def _dcp_enabled():
         return bool(get_parallel().dcp_enabled)
     except RuntimeError:
         return False
+
+
+def refuse_unserved_runner(model_runner, who):
+    """What both fp8mla backends (this one and the DSA one, `who` naming it in each error) refuse
+    before they are built: decode context parallelism, MLA dimensions other than 512 + 64, a KV
+    pool of another dtype than bfloat16 or float8_e4m3fn, and pools read through translated ids."""
+    if _dcp_enabled():
+        raise NotImplementedError(f"{who}: decode context parallelism (DCP) is not supported")
+    cfg = model_runner.model_config
+    dims = (cfg.kv_lora_rank, cfg.qk_rope_head_dim)
+    if dims != (api.DIM_CKV, api.DIM_KPE):
+        raise NotImplementedError(
+            f"{who}: kv_lora_rank {dims[0]} and qk_rope_head_dim {dims[1]}; fp8mla computes MLA "
+            f"with {api.DIM_CKV} + {api.DIM_KPE}")
+    if model_runner.kv_cache_dtype not in (torch.bfloat16, torch.float8_e4m3fn):
+        raise NotImplementedError(
+            f"{who}: the KV pool dtype {model_runner.kv_cache_dtype} is not read by fp8mla "
+            "(bfloat16 or float8_e4m3fn: --kv-cache-dtype fp8_e4m3)")
+    translator = getattr(model_runner, "kv_index_translator", None)
+    if translator is not None and getattr(translator, "needs_read_translate", False):
+        raise NotImplementedError(f"{who}: pools read through translated (virtual) ids are not "
+                                  "supported")
+
+
+def first_layer(pool):
+    """The first layer id of SGLang's KV pool (pools of a pipeline stage start past 0)."""
+    return int(getattr(pool, "start_layer", 0) or 0)
 
 
 class RaggedPrefill:
@@ -120,35 +147,21 @@ class Fp8MlaAttnBackend(AttentionBackend):
 
     def __init__(self, model_runner):
         super().__init__()
-        if _dcp_enabled():
-            raise NotImplementedError("fp8mla backend: decode context parallelism (DCP) is not "
-                                      "supported")
+        refuse_unserved_runner(model_runner, "fp8mla backend")
         cfg = model_runner.model_config
         self.device = torch.device(model_runner.device)
         self.num_heads = cfg.num_attention_heads // _parallel_attn_tp_size()
         self.kv_lora_rank = cfg.kv_lora_rank
         self.rope_dim = cfg.qk_rope_head_dim
-        if (self.kv_lora_rank, self.rope_dim) != (512, 64):
-            raise NotImplementedError(
-                f"fp8mla backend: kv_lora_rank {self.kv_lora_rank} and qk_rope_head_dim "
-                f"{self.rope_dim}; fp8mla computes MLA with 512 + 64")
         self.qk_nope_dim = getattr(cfg, "qk_nope_head_dim", 128)
         self.v_head_dim = getattr(cfg, "v_head_dim", 128)
         self.scaling = cfg.scaling
         self.data_type = model_runner.dtype
         self.kv_cache_dtype = model_runner.kv_cache_dtype
-        if self.kv_cache_dtype not in (torch.bfloat16, torch.float8_e4m3fn):
-            raise NotImplementedError(
-                f"fp8mla backend: the KV pool dtype {self.kv_cache_dtype} is not read by fp8mla "
-                "(bfloat16 or float8_e4m3fn: --kv-cache-dtype fp8_e4m3)")
         self.page_size = model_runner.page_size
         self.req_to_token_pool = model_runner.req_to_token_pool
         self.token_to_kv_pool = model_runner.token_to_kv_pool
-        translator = getattr(model_runner, "kv_index_translator", None)
-        if translator is not None and getattr(translator, "needs_read_translate", False):
-            raise NotImplementedError("fp8mla backend: pools read through translated (virtual) "
-                                      "ids are not supported")
-        self.kv_index_translator = translator
+        self.kv_index_translator = getattr(model_runner, "kv_index_translator", None)
         self.max_context_len = cfg.context_len
         self.max_bs = int(getattr(model_runner, "max_batch_size", 0) or
                           self.req_to_token_pool.size)
@@ -169,10 +182,8 @@ class Fp8MlaAttnBackend(AttentionBackend):
     # ---- sizes ----
 
     def _pool_tokens(self):
-        return int(self.token_to_kv_pool.get_key_buffer(self._first_layer()).shape[0])
-
-    def _first_layer(self):
-        return int(getattr(self.token_to_kv_pool, "start_layer", 0) or 0)
+        return int(self.token_to_kv_pool.get_key_buffer(first_layer(self.token_to_kv_pool))
+                   .shape[0])
 
     def _table_capacity(self, bs):
         return bs * math.ceil(self.max_context_len / self.page_size) + bs

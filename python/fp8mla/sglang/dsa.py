@@ -31,7 +31,7 @@ from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend
 
 from .. import api
 from . import BACKEND_NAME
-from .backend import _dcp_enabled, _parallel_attn_tp_size
+from .backend import _parallel_attn_tp_size, first_layer, refuse_unserved_runner
 from .routing import register_model_routing
 from .sparse import SparsePlans
 
@@ -57,15 +57,8 @@ def _pool_format(pool):
 
 def _check_runner(model_runner):
     """What fp8mla cannot serve, refused before SGLang's constructor runs."""
-    if _dcp_enabled():
-        raise NotImplementedError("fp8mla DSA backend: decode context parallelism (DCP) is not "
-                                  "supported")
+    refuse_unserved_runner(model_runner, "fp8mla DSA backend")
     cfg = model_runner.model_config
-    dims = (cfg.kv_lora_rank, cfg.qk_rope_head_dim)
-    if dims != (api.DIM_CKV, api.DIM_KPE):
-        raise NotImplementedError(
-            f"fp8mla DSA backend: kv_lora_rank {dims[0]} and qk_rope_head_dim {dims[1]}; "
-            f"fp8mla computes MLA with {api.DIM_CKV} + {api.DIM_KPE}")
     heads = cfg.num_attention_heads // _parallel_attn_tp_size()
     if not 1 <= heads <= api.MAX_HEADS:
         raise NotImplementedError(
@@ -74,14 +67,6 @@ def _check_runner(model_runner):
     if model_runner.dtype not in (torch.bfloat16, torch.float16):
         raise NotImplementedError(f"fp8mla DSA backend: model dtype {model_runner.dtype}; "
                                   "fp8mla takes bfloat16 queries (float16 on the CPU backend)")
-    if model_runner.kv_cache_dtype not in (torch.bfloat16, _FP8):
-        raise NotImplementedError(
-            f"fp8mla DSA backend: the KV pool dtype {model_runner.kv_cache_dtype} is not read by "
-            "fp8mla (bfloat16 or float8_e4m3fn: --kv-cache-dtype fp8_e4m3)")
-    translator = getattr(model_runner, "kv_index_translator", None)
-    if translator is not None and getattr(translator, "needs_read_translate", False):
-        raise NotImplementedError("fp8mla DSA backend: pools read through translated (virtual) "
-                                  "ids are not supported")
     return _pool_format(model_runner.token_to_kv_pool)
 
 
@@ -111,12 +96,10 @@ class Fp8MlaDsaBackend(DeepseekSparseAttnBackend):
         self.kv_scales = scales
         # sm_scale values to plan for: the model's, and any other a layer ran with.
         self.scalings = {float(model_runner.model_config.scaling)}
-        pool_tokens = self.token_to_kv_pool.get_key_buffer(self._first_layer()).shape[0]
+        pool_tokens = self.token_to_kv_pool.get_key_buffer(
+            first_layer(self.token_to_kv_pool)).shape[0]
         self.sparse = SparsePlans(self.device, pool_tokens, kv_format, model_runner.dtype)
         register_model_routing()
-
-    def _first_layer(self):
-        return int(getattr(self.token_to_kv_pool, "start_layer", 0) or 0)
 
     # ---- metadata: SGLang's, plus the plans of decode and verify batches ----
 
