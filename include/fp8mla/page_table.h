@@ -5,8 +5,9 @@
 // page tokens[row, j] / page_size. fill_page_table writes the pages of a batch's requests in order,
 // as plan() and run() read a page table (Problem::kv_indices, or the buffer a graph-mode plan
 // borrows): request r's page k < ceil(kv_len[r] / page_size) at kv_indptr[r] + k, where kv_indptr is
-// the running sum of those counts (what the caller's plan takes, from the same kv_len). It is the
-// per-step work that lets a graph-mode plan borrow the table: one launch on the caller's stream.
+// the running sum of those counts (what the caller's plan takes, from the same kv_len; written to
+// kv_indptr when the caller passes one). It is the per-step work that lets a graph-mode plan borrow
+// the table: one launch on the caller's stream.
 #pragma once
 
 #include <cstdint>
@@ -26,9 +27,12 @@ namespace fp8mla {
 // of a request whose row lies outside the token table is written as -1, an entry the kernels skip.
 // Errors (invalid_argument naming the argument, value and bound): page_size not a power of two in
 // 1..128; a tensor of the wrong dtype, rank, size, strides or device; kv_len out of range; table
-// too short; unsupported for CUDA tensors in a build without CUDA.
+// too short; kv_indptr neither empty nor batch + 1 entries; unsupported for CUDA tensors in a build
+// without CUDA. kv_indptr (host; empty: not wanted) receives [0, pages of request 0, ...] once the
+// fill is checked and enqueued; nothing is written when an argument is refused.
 void fill_page_table(const TensorView& tokens, const TensorView& rows,
                      std::span<const std::int32_t> kv_len, int page_size,
-                     const TensorView& table, void* stream = nullptr);
+                     const TensorView& table, void* stream = nullptr,
+                     std::span<std::int32_t> kv_indptr = {});
 
 }  // namespace fp8mla

@@ -303,8 +303,8 @@ NB_MODULE(_fp8mla, m) {
       .def(
           "fill",
           [](PageFill& t, std::uintptr_t rows, bool rows_i64, std::uintptr_t kv_len,
-             std::int64_t batch, std::uintptr_t stream) {
-            if (batch < 0 || (batch > 0 && (rows == 0 || kv_len == 0)))
+             std::int64_t batch, std::uintptr_t stream, std::uintptr_t kv_indptr) {
+            if (batch < 0 || (batch > 0 && (rows == 0 || kv_len == 0)) || kv_indptr == 0)
               bad("rows", "expected host and device addresses of " + std::to_string(batch) +
                               " entries");
             TensorView r = fp8mla::make_view(reinterpret_cast<void*>(rows),
@@ -312,13 +312,16 @@ NB_MODULE(_fp8mla, m) {
                                              t.tokens.device, t.tokens.device_id);
             const std::span<const std::int32_t> lens(
                 reinterpret_cast<const std::int32_t*>(kv_len), static_cast<std::size_t>(batch));
+            const std::span<std::int32_t> indptr(reinterpret_cast<std::int32_t*>(kv_indptr),
+                                                 static_cast<std::size_t>(batch) + 1);
             nb::gil_scoped_release release;
-            fp8mla::fill_page_table(t.tokens, r, lens, t.page_size, t.table, as_stream(stream));
+            fp8mla::fill_page_table(t.tokens, r, lens, t.page_size, t.table, as_stream(stream),
+                                    indptr);
           },
-          "rows"_a, "rows_i64"_a, "kv_len"_a, "batch"_a, "stream"_a,
+          "rows"_a, "rows_i64"_a, "kv_len"_a, "batch"_a, "stream"_a, "kv_indptr"_a,
           "fp8mla::fill_page_table with this token table and output: rows (the token table's "
           "device, int64 when rows_i64 else int32) and kv_len (host int32) of batch entries, by "
-          "address");
+          "address; the running sum of the pages into kv_indptr (host int32, batch + 1 entries)");
 
   m.def(
       "run",

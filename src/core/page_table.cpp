@@ -37,7 +37,8 @@ void fill_host(const TensorView& tokens, const Row* rows, std::span<const std::i
 
 void fill_page_table(const TensorView& tokens, const TensorView& rows,
                      std::span<const std::int32_t> kv_len, int page_size,
-                     const TensorView& table, void* stream) try {
+                     const TensorView& table, void* stream,
+                     std::span<std::int32_t> kv_indptr) try {
   detail::require(page_size >= 1 && page_size <= kMaxPageSize && (page_size & (page_size - 1)) == 0,
                   "page_size", page_size, " must be a power of two in [1, ", kMaxPageSize, "]");
   const DeviceKind device = tokens.device;
@@ -50,6 +51,8 @@ void fill_page_table(const TensorView& tokens, const TensorView& rows,
                   "must be contiguous, got ", table.describe());
   detail::require(batch == 0 || rows.is_contiguous(), "rows", "must be contiguous, got ",
                   rows.describe());
+  detail::require(kv_indptr.empty() || std::ssize(kv_indptr) == batch + 1, "kv_indptr.size()",
+                  kv_indptr.size(), " must be 0 (not wanted) or the batch's ", batch, " + 1");
   const std::int64_t width = tokens.shape[1];
   std::vector<std::int32_t> pages(kv_len.size());
   // The last page's first token must be a column of the row.
@@ -67,17 +70,20 @@ void fill_page_table(const TensorView& tokens, const TensorView& rows,
                   " entries hold fewer than the batch's ", total, " pages");
   detail::require(total <= std::numeric_limits<std::int32_t>::max(), "kv_len",
                   "the batch's ", total, " pages exceed an int32 page table's 2^31 - 1 entries");
-  if (total == 0) return;
-  if (device == DeviceKind::cuda) {
+  if (total > 0 && device == DeviceKind::cuda) {
     const detail::CurrentDeviceGuard keep(true);
     detail::cuda_fill_page_table(tokens, rows, pages, page_size, table, stream);
-    return;
+  } else if (total > 0) {
+    auto* out = table.as<std::int32_t>();
+    if (rows.dtype == DType::i32) {
+      fill_host(tokens, rows.as<const std::int32_t>(), pages, page_size, out);
+    } else {
+      fill_host(tokens, rows.as<const std::int64_t>(), pages, page_size, out);
+    }
   }
-  auto* out = table.as<std::int32_t>();
-  if (rows.dtype == DType::i32) {
-    fill_host(tokens, rows.as<const std::int32_t>(), pages, page_size, out);
-  } else {
-    fill_host(tokens, rows.as<const std::int64_t>(), pages, page_size, out);
+  if (!kv_indptr.empty()) {  // last: a refused fill (a row out of range) writes none of it
+    kv_indptr[0] = 0;
+    for (std::size_t r = 0; r < pages.size(); ++r) kv_indptr[r + 1] = kv_indptr[r] + pages[r];
   }
 } catch (...) {
   detail::rethrow_as_error("fill_page_table");

@@ -16,7 +16,8 @@ struct TokenTableCase {
   std::vector<std::int32_t> tokens;                // [n_rows, stride]
   std::vector<std::int64_t> rows;                  // the batch's rows
   std::vector<std::int32_t> kv_len;
-  std::vector<std::int32_t> want;  // the CSR page ids
+  std::vector<std::int32_t> want;        // the CSR page ids
+  std::vector<std::int32_t> want_indptr;  // [0, running sum of the requests' pages]
 };
 
 inline TokenTableCase make_token_table(std::uint32_t seed, int page_size,
@@ -44,7 +45,9 @@ inline TokenTableCase make_token_table(std::uint32_t seed, int page_size,
   std::iota(order.begin(), order.end(), 0);
   std::shuffle(order.begin(), order.end(), gen);
   c.rows.assign(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(kv_len.size()));
+  c.want_indptr.push_back(0);
   for (std::size_t r = 0; r < kv_len.size(); ++r) {
+    c.want_indptr.push_back(c.want_indptr.back() + (kv_len[r] + page_size - 1) / page_size);
     for (std::int64_t k = 0; k < (kv_len[r] + page_size - 1) / page_size; ++k) {
       c.want.push_back(c.tokens[static_cast<std::size_t>(c.rows[r] * c.stride + k * page_size)] /
                        page_size);

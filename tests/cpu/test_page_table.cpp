@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "fp8mla/error.h"
@@ -30,10 +31,16 @@ TEST(PageTableFill, WritesTheBatchPagesInOrder) {
       std::vector<std::int32_t> rows32(c.rows.begin(), c.rows.end());
       for (bool wide : {true, false}) {
         std::fill(table.begin(), table.end(), -7);
+        std::vector<std::int32_t> indptr(lens.size() + 1, -7);
         const TensorView rows = wide ? make_view(c.rows.data(), DType::i64, {std::int64_t(lens.size())})
                                      : make_view(rows32.data(), DType::i32, {std::int64_t(lens.size())});
-        fill_page_table(tokens_view(c), rows, c.kv_len, ps,
-                        make_view(table.data(), DType::i32, {std::int64_t(table.size())}));
+        const TensorView out = make_view(table.data(), DType::i32, {std::int64_t(table.size())});
+        if (wide) {
+          fill_page_table(tokens_view(c), rows, c.kv_len, ps, out, nullptr, indptr);
+          EXPECT_EQ(indptr, c.want_indptr) << "page size " << ps;
+        } else {
+          fill_page_table(tokens_view(c), rows, c.kv_len, ps, out);  // kv_indptr not wanted
+        }
         EXPECT_EQ(std::vector<std::int32_t>(table.begin(), table.begin() + c.want.size()), c.want)
             << "page size " << ps;
         for (std::size_t i = c.want.size(); i < table.size(); ++i) EXPECT_EQ(table[i], -7);
@@ -64,9 +71,15 @@ TEST(PageTableFill, BadArgumentsAreRefusedByNameBeforeAnyWrite) {
   std::vector<std::int32_t> long_len{49, 1};  // the row holds 40 tokens: 3 pages of 16 at most
   expect_error([&] { fill_page_table(tokens, rows, long_len, 16, out); }, {"kv_len[0]", "49", "48"});
   std::vector<std::int64_t> far{0, c.n_rows};
-  expect_error([&] { fill_page_table(tokens, make_view(far.data(), DType::i64, {2}), c.kv_len, 16, out); },
-               {"rows[1]", "outside"});
+  std::vector<std::int32_t> indptr(3, -7);
+  expect_error([&] {
+    fill_page_table(tokens, make_view(far.data(), DType::i64, {2}), c.kv_len, 16, out, nullptr, indptr);
+  }, {"rows[1]", "outside"});
+  expect_error([&] {
+    fill_page_table(tokens, rows, c.kv_len, 16, out, nullptr, std::span(indptr).first(2));
+  }, {"kv_indptr.size()", "2", "batch's 2 + 1"});
   for (std::int32_t v : table) EXPECT_EQ(v, -7);
+  for (std::int32_t v : indptr) EXPECT_EQ(v, -7);
 }
 
 TEST(PageTableFill, MorePagesThanAnInt32TableHoldsAreRefused) {
@@ -82,12 +95,19 @@ TEST(PageTableFill, MorePagesThanAnInt32TableHoldsAreRefused) {
   EXPECT_EQ(cell, 0);
 }
 
-TEST(PageTableFill, AnEmptyBatchWritesNothing) {
+TEST(PageTableFill, AnEmptyBatchWritesNothingButKvIndptr) {
   auto c = make_token_table(3, 1, {});
-  std::vector<std::int32_t> table(2, -7);
+  std::vector<std::int32_t> table(2, -7), indptr(1, -7);
   fill_page_table(tokens_view(c), make_view(c.rows.data(), DType::i64, {0}), c.kv_len, 1,
-                  make_view(table.data(), DType::i32, {2}));
+                  make_view(table.data(), DType::i32, {2}), nullptr, indptr);
   EXPECT_EQ(table, (std::vector<std::int32_t>{-7, -7}));
+  EXPECT_EQ(indptr, std::vector<std::int32_t>{0});
+  auto z = make_token_table(4, 16, {0, 0});  // requests with no tokens: no pages, a zero indptr
+  std::vector<std::int32_t> zeros(3, -7);
+  fill_page_table(tokens_view(z), make_view(z.rows.data(), DType::i64, {2}), z.kv_len, 16,
+                  make_view(table.data(), DType::i32, {2}), nullptr, zeros);
+  EXPECT_EQ(table, (std::vector<std::int32_t>{-7, -7}));
+  EXPECT_EQ(zeros, (std::vector<std::int32_t>{0, 0, 0}));
 }
 
 }  // namespace

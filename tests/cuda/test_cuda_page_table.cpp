@@ -25,11 +25,14 @@ std::vector<std::int32_t> fill_on_device(test::TokenTableCase& c, int ps, bool w
   std::vector<std::int32_t> poison(c.want.size() + extra, -7);
   DeviceBuffer table(poison);
   const auto batch = static_cast<std::int64_t>(c.kv_len.size());
+  std::vector<std::int32_t> indptr(c.kv_len.size() + 1, -7);
   fill_page_table(
       make_strided_view(tokens.ptr, DType::i32, {c.n_rows, c.width}, {c.stride, 1},
                         DeviceKind::cuda),
       make_view(rows.ptr, wide ? DType::i64 : DType::i32, {batch}, DeviceKind::cuda), c.kv_len, ps,
-      make_view(table.ptr, DType::i32, {std::int64_t(poison.size())}, DeviceKind::cuda), stream);
+      make_view(table.ptr, DType::i32, {std::int64_t(poison.size())}, DeviceKind::cuda), stream,
+      indptr);
+  EXPECT_EQ(indptr, c.want_indptr);  // written on the host before the fill completes
   check_cuda(cudaStreamSynchronize(stream));
   return table.to_host<std::int32_t>();
 }

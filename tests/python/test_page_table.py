@@ -15,6 +15,7 @@ CASES = [  # (page size, request lengths): zero lengths, partial last pages, lon
     (16, [33, 16, 0, 1, 250, 47, 9]),
     (64, [4096, 65, 63, 1]),
     (64, [64 * 600 + 5]),
+    (16, [0, 0]),
 ]
 
 
@@ -85,8 +86,14 @@ def test_bad_batches_are_refused_by_name_before_anything_is_written():
     req_to_token, rows = make_case(gen, 16, [40, 20], "cpu", torch.int64)
     pt = page_table.PageTable(8, 16, "cpu")
     pt.table.fill_(-7)
-    with pytest.raises(ValueError, match="page table: 10 pages exceed the capacity 8"):
-        pt.fill(req_to_token, rows, torch.tensor([100, 40], dtype=torch.int32))
+    small = page_table.PageTable(4, 16, "cpu")
+    small.table.fill_(-7)
+    with pytest.raises(ValueError, match=r"table.shape\[0\]: 4 entries hold fewer than the "
+                       r"batch's 5 pages"):
+        small.fill(req_to_token, rows, torch.tensor([40, 20], dtype=torch.int32))
+    assert (small.table == -7).all()
+    with pytest.raises(ValueError, match=r"^kv_len_cpu: expected one length per request"):
+        pt.fill(req_to_token, rows, torch.tensor([[40, 20]], dtype=torch.int32))
     with pytest.raises(ValueError, match="^req_pool_indices: 1 rows for 2 requests"):
         pt.fill(req_to_token, rows[:1], torch.tensor([40, 20], dtype=torch.int32))
     with pytest.raises(ValueError, match=r"kv_len\[0\]: 60 must be in \[0, 48\]"):

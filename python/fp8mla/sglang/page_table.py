@@ -3,7 +3,8 @@ batch's device into a buffer a graph-mode wrapper borrows (Problem::borrowed_kv_
 
 Request r lists pages [0, ceil(kv_len[r] / page_size)) of its req_to_token row: the page of token
 j is req_to_token[row, j] // page_size (SGLang's allocator places a page's tokens together), at
-kv_indptr[r] + j / page_size. Host lengths give kv_indptr and kv_len for the plan.
+kv_indptr[r] + j / page_size. Host lengths give kv_indptr (the running sum of the pages, which the
+same native call writes) and kv_len for the plan.
 
 fp8mla::fill_page_table writes it (include/fp8mla/page_table.h; on CUDA one launch on torch's
 current stream, the requests' starts passed in its parameters; on the host a plain loop). The
@@ -34,27 +35,24 @@ class PageTable:
     def fill(self, req_to_token, req_pool_indices, kv_len_cpu):
         """Writes the table for requests req_pool_indices (rows of req_to_token, int32) with
         kv_len_cpu tokens (host tensor); returns host (kv_indptr [bs + 1], kv_len [bs]) int32
-        tensors. ValueError when the pages exceed the capacity or an argument is out of range."""
-        ps = self.page_size
+        tensors. ValueError (naming the argument) when the pages exceed the capacity or an argument
+        is out of range; nothing is written then."""
         kv_len = kv_len_cpu.to(torch.int32)
-        pages = (kv_len + ps - 1) // ps
-        kv_indptr = torch.zeros(len(kv_len) + 1, dtype=torch.int32)
-        torch.cumsum(pages, 0, out=kv_indptr[1:])
-        total = int(kv_indptr[-1])
-        if total > self.capacity:
-            raise ValueError(f"page table: {total} pages exceed the capacity {self.capacity}")
-        if total == 0:
-            return kv_indptr, kv_len
-        if req_to_token is not self._tokens:  # SGLang's is fixed: imported once
-            self._fill = _ext.PageFill(req_to_token, self.table, ps)
-            self._tokens = req_to_token
-        rows = self._rows(req_pool_indices, len(kv_len))
         lens = host_i32_address(kv_len)
         if lens is None:
-            kv_len = kv_len.contiguous()
+            if kv_len.ndim != 1:
+                raise ValueError(f"kv_len_cpu: expected one length per request, got shape "
+                                 f"{tuple(kv_len.shape)}")
+            kv_len = kv_len.cpu().contiguous()
             lens = host_i32_address(kv_len)
+        kv_indptr = torch.empty(len(kv_len) + 1, dtype=torch.int32)
+        if req_to_token is not self._tokens:  # SGLang's is fixed: imported once
+            self._fill = _ext.PageFill(req_to_token, self.table, self.page_size)
+            self._tokens = req_to_token
+        rows = self._rows(req_pool_indices, len(kv_len))
         stream = raw_stream(self._device_index) if self._device_index >= 0 else 0
-        self._fill.fill(rows.data_ptr(), rows.dtype is torch.int64, lens[0], len(kv_len), stream)
+        self._fill.fill(rows.data_ptr(), rows.dtype is torch.int64, lens[0], len(kv_len), stream,
+                        kv_indptr.data_ptr())
         return kv_indptr, kv_len
 
     def _rows(self, rows, batch):
