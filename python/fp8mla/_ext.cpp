@@ -304,9 +304,10 @@ NB_MODULE(_fp8mla, m) {
           "fill",
           [](PageFill& t, std::uintptr_t rows, bool rows_i64, std::uintptr_t kv_len,
              std::int64_t batch, std::uintptr_t stream, std::uintptr_t kv_indptr) {
-            if (batch < 0 || (batch > 0 && (rows == 0 || kv_len == 0)) || kv_indptr == 0)
+            if (batch < 0 || (batch > 0 && (rows == 0 || kv_len == 0)))
               bad("rows", "expected host and device addresses of " + std::to_string(batch) +
                               " entries");
+            if (kv_indptr == 0) bad("kv_indptr", "expected the address of a host int32 array");
             TensorView r = fp8mla::make_view(reinterpret_cast<void*>(rows),
                                              rows_i64 ? DType::i64 : DType::i32, {batch},
                                              t.tokens.device, t.tokens.device_id);
