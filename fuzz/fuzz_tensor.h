@@ -31,7 +31,7 @@ struct Tensor {
 // malformed (the library must reject it: ndim, extent, stride or dtype out of range) or when the
 // offsets leave int64 (likewise).
 inline std::int64_t reach_bytes(const TensorView& t) {
-  if (t.ndim < 0 || t.ndim > kMaxDims || static_cast<unsigned>(t.dtype) > 5) return -1;
+  if (t.ndim < 0 || t.ndim > kMaxDims || t.dtype > DType::i64) return -1;
   for (int d = 0; d < t.ndim; ++d) {
     if (t.shape[d] < 0) return -1;
   }
@@ -94,7 +94,7 @@ inline Tensor tensor(Input& in, DType dtype, std::initializer_list<std::int64_t>
           0, t.stride[d] >= 0 && t.stride[d] < INT64_MAX / 4 ? 2 * t.stride[d] + 1 : INT64_MAX);
   } else if (mode == 2) {
     t.ndim = in.int_in(-1, 5);
-    t.dtype = static_cast<DType>(in.u8() % 7);
+    t.dtype = static_cast<DType>(in.u8() % 8);  // 7: no DType
     t.device = in.u8() % 4 == 0 ? DeviceKind::cuda : DeviceKind::cpu;
     for (int d = 0; d < kMaxDims; ++d) {
       const std::int64_t hint = d < static_cast<int>(shape.size()) ? shape.begin()[d] : 2;

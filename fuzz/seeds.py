@@ -143,7 +143,8 @@ def dense(w):
 
 
 def hostile(w, ndim, dtype, shape, stride, device=1):
-    """Mode 2: every field raw. dtype: 0 u8 1 i32 2 f32 3 bf16 4 f16 5 fp8; device 0 = cuda."""
+    """Mode 2: every field raw. dtype: 0 u8 1 i32 2 f32 3 bf16 4 f16 5 fp8 6 i64; device 0 =
+    cuda."""
     w.u8(2).int_in(ndim).u8(dtype).u8(device)
     for d in range(4):
         w.int64_in(shape[d] if d < len(shape) else 0)
@@ -289,8 +290,47 @@ def cache_seeds():
     return s
 
 
+# ---- fuzz_page_table ----
+
+
+def page_table_input(n_rows, width, ps, lens, rows, capacity, indptr_size, wide=True, tensors={}):
+    """fuzz_page_table: the token table's size, the page size, the lengths, then the views
+    (tokens, rows, table: default dense), kv_indptr's size and the row ids."""
+    w = W().int64_in(n_rows).int64_in(width).int_in(ps).u8(1 if wide else 0).array(lens)
+    (tensors.get(0) or dense)(w)
+    (tensors.get(1) or dense)(w)
+    w.int64_in(capacity)
+    (tensors.get(2) or dense)(w)
+    w.u8(0).i32(indptr_size)
+    for r in rows:
+        w.int_in(r)
+    return w.b
+
+
+def page_table_seeds():
+    s = {}
+    for ps in (1, 16, 64):
+        s[f"valid_page{ps}"] = page_table_input(5, 200, ps, [200, 0, 17, 1], [3, 0, 4, 1], 300, 5)
+    s["valid_i32_rows"] = page_table_input(4, 40, 16, [40, 20], [2, 1], 8, 3, wide=False)
+    s["valid_no_indptr"] = page_table_input(4, 40, 16, [40, 20], [2, 1], 8, 0)
+    s["empty_batch"] = page_table_input(2, 8, 1, [], [], 4, 1)
+    s["table_too_short"] = page_table_input(4, 40, 16, [40, 20], [2, 1], 4, 3)
+    s["kv_len_past_row"] = page_table_input(4, 40, 16, [49, 1], [2, 1], 8, 3)
+    s["row_outside"] = page_table_input(4, 40, 16, [40, 20], [0, 4], 8, 3)
+    s["indptr_wrong_size"] = page_table_input(4, 40, 16, [40, 20], [2, 1], 8, 2)
+    s["page_size_24"] = page_table_input(4, 40, 24, [40, 20], [2, 1], 8, 3)
+    s["tokens_inner_stride_2"] = page_table_input(
+        4, 40, 16, [40, 20], [2, 1], 8, 3, tensors={0: lambda w: hostile(w, 2, 1, [4, 40], [80, 2])})
+    s["table_strided"] = page_table_input(
+        4, 40, 16, [40, 20], [2, 1], 8, 3, tensors={2: lambda w: hostile(w, 1, 1, [8], [2])})
+    s["rows_on_cuda"] = page_table_input(
+        4, 40, 16, [40, 20], [2, 1], 8, 3, tensors={1: lambda w: hostile(w, 1, 6, [2], [1], 0)})
+    return s
+
+
 def main():
-    for target, seeds in (("plan", plan_seeds()), ("run", run_seeds()), ("cache", cache_seeds())):
+    for target, seeds in (("plan", plan_seeds()), ("run", run_seeds()), ("cache", cache_seeds()),
+                          ("page_table", page_table_seeds())):
         folder = os.path.join(ROOT, target)
         os.makedirs(folder, exist_ok=True)
         for name, data in seeds.items():

@@ -4,7 +4,7 @@
 #         fuzz targets (build-sanitize/asan); ctest over them (GoogleTest and the replay of every
 #         committed fuzz input). Any report fails the run (-fno-sanitize-recover=all).
 #   fuzz  each libFuzzer target (fuzz/: plan + shard_context, run arguments + merge_states, cache
-#         + codecs) for FUZZ_SECONDS from its committed corpus (fuzz/corpus/<name>); a crash, a
+#         + codecs, fill_page_table) for FUZZ_SECONDS from its committed corpus (fuzz/corpus/<name>); a crash, a
 #         sanitizer report, a leak, an allocation over 2 GiB or an input slower than 10 s fails.
 #         New inputs go to a scratch folder; a finding's input is kept as
 #         build-sanitize/findings/<target>-crash-... (add it to fuzz/corpus once fixed).
@@ -96,7 +96,7 @@ for step in "${steps[@]}"; do
       mkdir -p "$dir/findings"
       pids=()
       # The targets run side by side (each single-threaded): FUZZ_SECONDS of wall time in all.
-      for target in plan run cache; do
+      for target in plan run cache page_table; do
         scratch="$dir/fuzz-scratch/$target"
         rm -rf "$scratch"
         mkdir -p "$scratch"
@@ -110,7 +110,7 @@ for step in "${steps[@]}"; do
       t0=$SECONDS
       failed=()
       for i in "${!pids[@]}"; do
-        target=$(echo plan run cache | cut -d' ' -f$((i + 1)))
+        target=$(echo plan run cache page_table | cut -d' ' -f$((i + 1)))
         if ! wait "${pids[$i]}"; then
           failed+=("$target")
           tail -n 60 "$dir/fuzz-$target.log" >&2
