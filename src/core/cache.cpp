@@ -183,7 +183,7 @@ void PagedLatentCache::release(std::span<const std::int32_t> pages) {
   };
   for (; checked < pages.size(); ++checked) {
     const std::int32_t page = pages[checked];
-    const std::string name = detail::msg("pages[", checked, "]");
+    const auto name = detail::join("pages[", checked, "]");  // formatted only on failure
     if (page < 0 || page >= num_pages) {
       unmark();
       detail::require(false, name, "= ", page, " is outside the pool [0, ", num_pages, ")");

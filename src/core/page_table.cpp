@@ -21,7 +21,7 @@ void fill_host(const TensorView& tokens, const Row* rows, std::span<const std::i
   const auto* t = tokens.as<const std::int32_t>();
   const std::int64_t n_rows = tokens.shape[0];
   for (std::size_t r = 0; r < pages.size(); ++r) {  // every row checked before any write
-    detail::require(rows[r] >= 0 && rows[r] < n_rows, detail::msg("rows[", r, "]"), rows[r],
+    detail::require(rows[r] >= 0 && rows[r] < n_rows, detail::join("rows[", r, "]"), rows[r],
                     " is outside the token table's ", n_rows, " rows");
   }
   std::int64_t at = 0;
@@ -60,7 +60,7 @@ void fill_page_table(const TensorView& tokens, const TensorView& rows,
   std::int64_t total = 0;
   for (std::size_t r = 0; r < kv_len.size(); ++r) {
     const std::int64_t len = kv_len[r];
-    detail::require(len >= 0 && len <= limit, detail::msg("kv_len[", r, "]"), len,
+    detail::require(len >= 0 && len <= limit, detail::join("kv_len[", r, "]"), len,
                     " must be in [0, ", limit, "]: a request's pages start inside its row of ",
                     width, " tokens");
     pages[r] = static_cast<std::int32_t>((len + page_size - 1) / page_size);
