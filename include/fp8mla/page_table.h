@@ -28,8 +28,9 @@ namespace fp8mla {
 // Errors (invalid_argument naming the argument, value and bound): page_size not a power of two in
 // 1..128; a tensor of the wrong dtype, rank, size, strides or device; kv_len out of range; table
 // too short; kv_indptr neither empty nor batch + 1 entries; unsupported for CUDA tensors in a build
-// without CUDA. kv_indptr (host; empty: not wanted) receives [0, pages of request 0, ...] once the
-// fill is checked and enqueued; nothing is written when an argument is refused.
+// without CUDA. kv_indptr (host; empty: not wanted) receives the running sum of the requests' page
+// counts, [0, p0, p0 + p1, ...], once the fill is checked and enqueued; nothing when an argument is
+// refused.
 void fill_page_table(const TensorView& tokens, const TensorView& rows,
                      std::span<const std::int32_t> kv_len, int page_size,
                      const TensorView& table, void* stream = nullptr,
