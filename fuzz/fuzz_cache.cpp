@@ -25,11 +25,8 @@ namespace {
 using fp8mla::DType;
 using fp8mla::Error;
 using fp8mla::fuzz::Input;
+using fp8mla::fuzz::require;
 using fp8mla::fuzz::Tensor;
-
-void require(bool ok) {
-  if (!ok) std::abort();
-}
 
 std::vector<std::uint8_t> bytes_of(const fp8mla::PagedLatentCache& c) {
   const fp8mla::TensorView s = c.storage();

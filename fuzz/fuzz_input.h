@@ -8,10 +8,17 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 namespace fp8mla::fuzz {
+
+// A finding the targets check themselves (a wrong result, a refused call that wrote): abort, which
+// libFuzzer reports as a crash with the input.
+inline void require(bool ok) {
+  if (!ok) std::abort();
+}
 
 class Input {
  public:

@@ -8,7 +8,6 @@
 // or kv_indptr differs from a plain loop over the views (entries past the batch's pages kept).
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <span>
 #include <vector>
@@ -25,12 +24,9 @@ using fp8mla::DType;
 using fp8mla::Error;
 using fp8mla::TensorView;
 using fp8mla::fuzz::Input;
+using fp8mla::fuzz::require;
 using fp8mla::fuzz::Tensor;
 using fp8mla::fuzz::tensor;
-
-void require(bool ok) {
-  if (!ok) std::abort();
-}
 
 std::int64_t element(const TensorView& t, std::int64_t i, std::int64_t j = 0) {
   const std::int64_t at = i * t.stride[0] + (t.ndim > 1 ? j * t.stride[1] : 0);

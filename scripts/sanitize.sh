@@ -4,8 +4,9 @@
 #         fuzz targets (build-sanitize/asan); ctest over them (GoogleTest and the replay of every
 #         committed fuzz input). Any report fails the run (-fno-sanitize-recover=all).
 #   fuzz  each libFuzzer target (fuzz/: plan + shard_context, run arguments + merge_states, cache
-#         + codecs, fill_page_table) for FUZZ_SECONDS from its committed corpus (fuzz/corpus/<name>); a crash, a
-#         sanitizer report, a leak, an allocation over 2 GiB or an input slower than 10 s fails.
+#         + codecs, fill_page_table) for FUZZ_SECONDS from its committed corpus
+#         (fuzz/corpus/<name>); a crash, a sanitizer report, a leak, an allocation over 2 GiB or an
+#         input slower than 10 s fails.
 #         New inputs go to a scratch folder; a finding's input is kept as
 #         build-sanitize/findings/<target>-crash-... (add it to fuzz/corpus once fixed).
 #   tsan  ThreadSanitizer build of the library and the C++ tests (build-sanitize/tsan); runs the
@@ -96,7 +97,8 @@ for step in "${steps[@]}"; do
       mkdir -p "$dir/findings"
       pids=()
       # The targets run side by side (each single-threaded): FUZZ_SECONDS of wall time in all.
-      for target in plan run cache page_table; do
+      targets=(plan run cache page_table)
+      for target in "${targets[@]}"; do
         scratch="$dir/fuzz-scratch/$target"
         rm -rf "$scratch"
         mkdir -p "$scratch"
@@ -110,7 +112,7 @@ for step in "${steps[@]}"; do
       t0=$SECONDS
       failed=()
       for i in "${!pids[@]}"; do
-        target=$(echo plan run cache page_table | cut -d' ' -f$((i + 1)))
+        target=${targets[$i]}
         if ! wait "${pids[$i]}"; then
           failed+=("$target")
           tail -n 60 "$dir/fuzz-$target.log" >&2

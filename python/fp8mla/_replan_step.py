@@ -71,7 +71,6 @@ def _by_address(w, p, qo_indptr, kv_indptr, kv_len_arr):
     return True
 
 
-
 def _pool_pages(w):
     """The pool size the next build plans for."""
     return w._num_pages if w._num_pages is not None else w._planned_pages

@@ -47,8 +47,9 @@ inline TokenTableCase make_token_table(std::uint32_t seed, int page_size,
   c.rows.assign(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(kv_len.size()));
   c.want_indptr.push_back(0);
   for (std::size_t r = 0; r < kv_len.size(); ++r) {
-    c.want_indptr.push_back(c.want_indptr.back() + (kv_len[r] + page_size - 1) / page_size);
-    for (std::int64_t k = 0; k < (kv_len[r] + page_size - 1) / page_size; ++k) {
+    const std::int32_t pages_r = (kv_len[r] + page_size - 1) / page_size;
+    c.want_indptr.push_back(c.want_indptr.back() + pages_r);
+    for (std::int32_t k = 0; k < pages_r; ++k) {
       c.want.push_back(c.tokens[static_cast<std::size_t>(c.rows[r] * c.stride + k * page_size)] /
                        page_size);
     }

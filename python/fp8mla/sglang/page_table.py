@@ -27,7 +27,6 @@ class PageTable:
 
     def __init__(self, capacity, page_size, device):
         self.page_size = page_size
-        self.capacity = capacity
         self.table = torch.zeros(capacity, dtype=torch.int32, device=device)
         self._device_index = self.table.get_device()  # -1 on the host
         self._tokens = None
