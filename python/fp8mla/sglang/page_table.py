@@ -8,9 +8,9 @@ same native call writes) and kv_len for the plan.
 
 fp8mla::fill_page_table writes it (include/fp8mla/page_table.h; on CUDA one launch on torch's
 current stream, the requests' starts passed in its parameters; on the host a plain loop). The
-fill runs every decode step: on an H100 host it takes 12-31 us of host time, against 31.5-50.9
-when four torch ops summed kv_indptr and 151-161 when a dozen tensor ops wrote it all
-(bench/results/h100_replan_host.txt, sections I and H; a Triton kernel took 129-132). The token
+fill runs every decode step: on an H100 host it takes 11.9-13.2 us of host time at any batch up
+to 128, against 31.5-50.9 when four torch ops summed kv_indptr and 151-161 when a dozen tensor ops
+wrote it all (bench/results/h100_replan_host.txt; a Triton kernel took 129-132). The token
 table and the buffer are imported once (_ext.PageFill); a step hands the native call the row ids
 and lengths by address.
 """
